@@ -1,0 +1,84 @@
+"""Counters and timers of a selection run: what the paper's Figure 1 breaks down."""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+
+COUNTERS = (
+    "examples_seen",
+    "selection_forwards",
+    "stale_lookups",
+    "considered",
+    "kept",
+    "training_forwards",
+    "backwards",
+    "optimizer_steps",
+    "nonfinite_losses",
+)
+TIMERS = (
+    "data_seconds",
+    "selection_forward_seconds",
+    "selection_overhead_seconds",
+    "eval_seconds",
+    "save_seconds",
+)
+
+
+@dataclass
+class SelectionStats:
+    """Counts are in examples (optimizer_steps in steps); times in seconds, per process.
+
+    ``considered``/``kept`` cover examples that went through a selector; rows trained
+    without selection (warm-up, interrupts, outside sb_start/sb_end) count in
+    ``examples_seen`` and ``training_forwards`` only.
+    """
+
+    examples_seen: int = 0
+    selection_forwards: int = 0
+    stale_lookups: int = 0
+    considered: int = 0
+    kept: int = 0
+    training_forwards: int = 0
+    backwards: int = 0
+    optimizer_steps: int = 0
+    nonfinite_losses: int = 0
+    data_seconds: float = 0.0
+    selection_forward_seconds: float = 0.0
+    selection_overhead_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    save_seconds: float = 0.0
+
+    @contextmanager
+    def timer(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, name, getattr(self, name) + time.perf_counter() - start)
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for f in fields(self):
+            if f.name in state:
+                setattr(self, f.name, type(f.default)(state[f.name]))
+
+
+def summarize(totals: dict, wall_seconds: float) -> dict:
+    """Derived figures from counters summed over processes (times: max over processes)."""
+    summary = dict(totals)
+    summary["kept_fraction"] = totals["kept"] / totals["considered"] if totals["considered"] else 1.0
+    seen = totals["examples_seen"]
+    summary["backward_fraction"] = totals["backwards"] / seen if seen else 0.0
+    summary["train_seconds"] = wall_seconds
+    selection = totals["selection_forward_seconds"] + totals["selection_overhead_seconds"]
+    summary["training_seconds"] = max(
+        wall_seconds - selection - totals["data_seconds"] - totals["eval_seconds"] - totals["save_seconds"], 0.0
+    )
+    summary["selection_overhead_share"] = (
+        totals["selection_overhead_seconds"] / summary["training_seconds"] if summary["training_seconds"] else 0.0
+    )
+    return summary

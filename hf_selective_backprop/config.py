@@ -1,0 +1,221 @@
+"""`SelectiveBackpropConfig`: TrainingArguments plus the `sb_*` flags of every strategy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+STRATEGIES = ("none", "sb", "topk", "composer", "kath18", "uniform")
+SELECTION_MODES = ("eval", "train")
+SELECTION_PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+HISTORY_SCOPES = ("global", "local")
+DEFAULT_KEEP = 1.0 / 3.0
+
+
+@dataclass
+class SelectiveBackpropConfig(TrainingArguments):
+    """Training arguments for `SelectiveBackpropTrainer`.
+
+    An *epoch* is one pass of the training data through selection: every example is either
+    scored by a selection forward or (in a Stale-SB epoch) looked up in the loss store. The
+    learning-rate schedule is sized from the expected number of optimizer steps.
+    """
+
+    sb_strategy: str = field(
+        default="sb",
+        metadata={
+            "help": "Selection strategy: 'none' (Traditional: every example trained, no selection pass), "
+            "'sb' (Selective-Backprop: keep with probability CDF(loss)**beta), 'topk' (highest-loss "
+            "fraction of each selection batch), 'composer' (MosaicML's rule), 'kath18' (Katharopoulos & "
+            "Fleuret importance sampling) or 'uniform' (random fraction: the control baseline).",
+            "choices": list(STRATEGIES),
+        },
+    )
+    sb_keep: float | None = field(
+        default=None,
+        metadata={
+            "help": "Fraction of examples to train on, in (0, 1], for every strategy. For 'sb' it sets "
+            "beta = 1/keep - 1; for 'kath18' presample = 1/keep. Default: 1/(sb_beta+1) if sb_beta is "
+            "given, else 1/3 (the paper's CIFAR-10 selectivity)."
+        },
+    )
+    sb_beta: float | None = field(
+        default=None,
+        metadata={
+            "help": "Selectivity exponent of 'sb' (> 0): P = CDF(loss)**beta. The expected kept fraction is "
+            "1/(beta+1): beta=1, 2, 3 keep 50%, 33%, 25%. Default: derived from sb_keep (beta=2)."
+        },
+    )
+    sb_history_size: int = field(
+        default=1024,
+        metadata={"help": "R: number of recent losses whose empirical CDF scores a loss ('sb'). >= 1."},
+    )
+    sb_min_prob: float = field(
+        default=0.0,
+        metadata={"help": "Floor of the selection probability ('sb'), in [0, 1]."},
+    )
+    sb_staleness: int = field(
+        default=1,
+        metadata={
+            "help": "n: run selection forwards only every n-th epoch and select from stored losses in the "
+            "others (Stale-SB). 1 = plain SB. >= 1."
+        },
+    )
+    sb_selection_batch_size: int | None = field(
+        default=None,
+        metadata={
+            "help": "Examples per selection forward, per device. Default: per_device_train_batch_size "
+            "('kath18': presample x per_device_train_batch_size)."
+        },
+    )
+    sb_selection_mode: str = field(
+        default="eval",
+        metadata={
+            "help": "Model mode of the selection forward: 'eval' (BatchNorm statistics and dropout untouched, "
+            "as in the authors' code) or 'train'.",
+            "choices": list(SELECTION_MODES),
+        },
+    )
+    sb_warmup_epochs: int = field(
+        default=0,
+        metadata={
+            "help": "Epochs trained on all data before selection starts (the authors primed 1). >= 0."
+        },
+    )
+    sb_index_column: str = field(
+        default="index",
+        metadata={
+            "help": "Column holding a stable int64 id per training example. Added automatically (0..N-1) "
+            "when the training dataset lacks it."
+        },
+    )
+    sb_start: float = field(
+        default=0.0,
+        metadata={"help": "Fraction of training (by optimizer steps) at which selection turns on, in [0, 1)."},
+    )
+    sb_end: float = field(
+        default=1.0,
+        metadata={"help": "Fraction of training at which selection turns off again, in (sb_start, 1]."},
+    )
+    sb_interrupt: int = field(
+        default=0,
+        metadata={"help": "If k > 0, every k-th optimizer step trains on a plain unselected batch. >= 0."},
+    )
+    sb_presample: float | None = field(
+        default=None,
+        metadata={
+            "help": "'kath18': score presample x batch examples per optimizer batch (> 1). Default 1/sb_keep (3)."
+        },
+    )
+    sb_importance_weighting: bool = field(
+        default=False,
+        metadata={
+            "help": "Weight each trained example's loss by 1/(N p_i) so the expected gradient is unbiased "
+            "('kath18': the importance weights; 'sb': weights 1/P_i normalised over the kept batch)."
+        },
+    )
+    sb_variance_start: bool = field(
+        default=False,
+        metadata={
+            "help": "'kath18': sample uniformly until the estimated variance reduction exceeds (B+3b)/(3b)."
+        },
+    )
+    sb_selection_precision: str = field(
+        default="auto",
+        metadata={
+            "help": "Precision of the selection forward: 'auto' (the training precision), 'fp32', or autocast "
+            "to 'bf16' / 'fp16'.",
+            "choices": list(SELECTION_PRECISIONS),
+        },
+    )
+    sb_selection_scale: float = field(
+        default=1.0,
+        metadata={"help": "Resize images by this factor for the selection forward only, in (0, 1]."},
+    )
+    sb_selection_channels_last: bool = field(
+        default=False,
+        metadata={"help": "Run the selection forward on channels_last image tensors."},
+    )
+    sb_selection_inference_mode: bool = field(
+        default=False,
+        metadata={"help": "Run the selection forward under torch.inference_mode instead of torch.no_grad."},
+    )
+    sb_history_scope: str = field(
+        default="global",
+        metadata={
+            "help": "With several processes: 'global' builds the loss CDF from the losses of all ranks, "
+            "'local' from each rank's own.",
+            "choices": list(HISTORY_SCOPES),
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._validate_sb()
+
+    def _validate_sb(self) -> None:
+        def fail(flag: str, allowed: str, value) -> None:
+            raise ValueError(f"--{flag} must be {allowed}, got {value!r}")
+
+        if self.sb_strategy not in STRATEGIES:
+            fail("sb_strategy", f"one of {', '.join(STRATEGIES)}", self.sb_strategy)
+        if self.sb_keep is not None and not 0.0 < self.sb_keep <= 1.0:
+            fail("sb_keep", "in (0, 1]", self.sb_keep)
+        if self.sb_beta is not None and not self.sb_beta > 0:
+            fail("sb_beta", "> 0", self.sb_beta)
+        if self.sb_keep is not None and self.sb_beta is not None:
+            if abs(1.0 / (self.sb_beta + 1.0) - self.sb_keep) > 1e-6:
+                raise ValueError(
+                    f"--sb_keep {self.sb_keep} and --sb_beta {self.sb_beta} disagree: beta keeps "
+                    f"1/(beta+1) = {1.0 / (self.sb_beta + 1.0):.4f}; give only one of them"
+                )
+        if self.sb_history_size < 1:
+            fail("sb_history_size", ">= 1", self.sb_history_size)
+        if not 0.0 <= self.sb_min_prob <= 1.0:
+            fail("sb_min_prob", "in [0, 1]", self.sb_min_prob)
+        if self.sb_staleness < 1:
+            fail("sb_staleness", ">= 1 (1 = SB, n >= 2 = Stale-SB)", self.sb_staleness)
+        if self.sb_selection_batch_size is not None and self.sb_selection_batch_size < 1:
+            fail("sb_selection_batch_size", ">= 1", self.sb_selection_batch_size)
+        if self.sb_selection_mode not in SELECTION_MODES:
+            fail("sb_selection_mode", f"one of {', '.join(SELECTION_MODES)}", self.sb_selection_mode)
+        if self.sb_warmup_epochs < 0:
+            fail("sb_warmup_epochs", ">= 0", self.sb_warmup_epochs)
+        if not self.sb_index_column:
+            fail("sb_index_column", "a column name", self.sb_index_column)
+        if not 0.0 <= self.sb_start < 1.0:
+            fail("sb_start", "in [0, 1)", self.sb_start)
+        if not self.sb_start < self.sb_end <= 1.0:
+            fail("sb_end", f"in (sb_start={self.sb_start}, 1]", self.sb_end)
+        if self.sb_interrupt < 0:
+            fail("sb_interrupt", ">= 0 (0 = never)", self.sb_interrupt)
+        if self.sb_presample is not None and not self.sb_presample > 1.0:
+            fail("sb_presample", "> 1", self.sb_presample)
+        if self.sb_selection_precision not in SELECTION_PRECISIONS:
+            fail("sb_selection_precision", f"one of {', '.join(SELECTION_PRECISIONS)}", self.sb_selection_precision)
+        if not 0.0 < self.sb_selection_scale <= 1.0:
+            fail("sb_selection_scale", "in (0, 1]", self.sb_selection_scale)
+        if self.sb_history_scope not in HISTORY_SCOPES:
+            fail("sb_history_scope", f"one of {', '.join(HISTORY_SCOPES)}", self.sb_history_scope)
+
+    @property
+    def sb_keep_fraction(self) -> float:
+        """The kept fraction asked for, reconciling sb_keep, sb_beta and sb_presample."""
+        if self.sb_keep is not None:
+            return self.sb_keep
+        if self.sb_strategy == "sb" and self.sb_beta is not None:
+            return 1.0 / (self.sb_beta + 1.0)
+        if self.sb_strategy == "kath18" and self.sb_presample is not None:
+            return 1.0 / self.sb_presample
+        return DEFAULT_KEEP
+
+    @property
+    def sb_beta_value(self) -> float:
+        """beta of 'sb': given, or 1/keep - 1."""
+        return self.sb_beta if self.sb_beta is not None else 1.0 / self.sb_keep_fraction - 1.0
+
+    @property
+    def sb_presample_value(self) -> float:
+        """Presampling factor of 'kath18': given, or 1/keep."""
+        return self.sb_presample if self.sb_presample is not None else 1.0 / self.sb_keep_fraction

@@ -1,0 +1,88 @@
+"""The selection forward: per-example losses of a batch, no gradients, model mode restored."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.nn.functional as F
+
+from .losses import PerExampleLoss
+
+_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class SelectionScorer:
+    """Runs the cheap forward that scores a selection batch.
+
+    Options trade fidelity for cost (phi in the cost model): inference_mode, autocast
+    precision, a lower input resolution and channels_last inputs.
+    """
+
+    def __init__(
+        self,
+        loss_fn: PerExampleLoss,
+        label_name: str = "labels",
+        mode: str = "eval",
+        precision: str = "auto",
+        scale: float = 1.0,
+        channels_last: bool = False,
+        inference_mode: bool = False,
+    ):
+        self.loss_fn = loss_fn
+        self.label_name = label_name
+        self.mode = mode
+        self.precision = precision
+        self.scale = scale
+        self.channels_last = channels_last
+        self.inference_mode = inference_mode
+
+    def _grad_context(self):
+        return torch.inference_mode() if self.inference_mode else torch.no_grad()
+
+    def _precision_context(self, device: torch.device):
+        # "auto" leaves precision to Accelerate, which patches autocast into model.forward.
+        if self.precision in _AUTOCAST_DTYPES:
+            return torch.autocast(device_type=device.type, dtype=_AUTOCAST_DTYPES[self.precision])
+        return contextlib.nullcontext()
+
+    def _prepare_inputs(self, inputs: dict) -> dict:
+        if self.scale == 1.0 and not self.channels_last:
+            return inputs
+        if "pixel_values" not in inputs or inputs["pixel_values"].dim() != 4:
+            raise ValueError(
+                "--sb_selection_scale and --sb_selection_channels_last need 4-D 'pixel_values' inputs; "
+                f"this model's batch has {sorted(inputs)}"
+            )
+        pixels = inputs["pixel_values"]
+        if self.scale != 1.0:
+            pixels = F.interpolate(pixels, scale_factor=self.scale, mode="bilinear", antialias=True)
+        if self.channels_last:
+            pixels = pixels.contiguous(memory_format=torch.channels_last)
+        return {**inputs, "pixel_values": pixels}
+
+    def __call__(self, model: torch.nn.Module, inputs: dict) -> torch.Tensor:
+        """Per-example losses (float32, on the inputs' device) for a batch of model inputs."""
+        inputs = dict(inputs)
+        if self.label_name not in inputs:
+            raise ValueError(f"selection needs a '{self.label_name}' column; the batch has {sorted(inputs)}")
+        labels = inputs.pop(self.label_name)
+        inputs = self._prepare_inputs(inputs)
+        was_training = model.training
+        model.train(self.mode == "train")
+        try:
+            with self._grad_context(), self._precision_context(labels.device):
+                try:
+                    outputs = model(**inputs)
+                except RuntimeError as error:
+                    if self.scale != 1.0:
+                        raise ValueError(
+                            f"the model cannot take inputs rescaled by --sb_selection_scale {self.scale}: {error}"
+                        ) from error
+                    raise
+                losses = self.loss_fn(outputs, labels).float()
+        finally:
+            model.train(was_training)
+        if self.inference_mode:
+            losses = losses.clone()
+        return losses

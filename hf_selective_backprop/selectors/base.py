@@ -1,0 +1,75 @@
+"""What every selection strategy takes and returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Selection:
+    """Rows of one selection batch to train on.
+
+    ``indices`` may repeat (sampling with replacement); ``weights`` multiply each selected
+    row's loss (None means 1 for all).
+    """
+
+    indices: torch.Tensor
+    weights: torch.Tensor | None = None
+
+
+class Selector:
+    """Per-example losses in, the rows to backpropagate out.
+
+    Subclasses implement ``_select`` on finite losses only: NaN/inf losses never reach a
+    strategy (they would poison percentiles and sums) and are never selected.
+    """
+
+    #: False for strategies that ignore losses, so the trainer can skip the selection forward.
+    needs_losses: bool = True
+    #: True for strategies whose selections carry loss weights.
+    produces_weights: bool = False
+
+    def select(
+        self,
+        losses: torch.Tensor,
+        generator: torch.Generator,
+        population: torch.Tensor | None = None,
+    ) -> Selection:
+        """Select rows given per-example ``losses`` (CPU, float).
+
+        ``population`` is the set of losses that updates any loss history (e.g. losses gathered
+        from all processes); it defaults to ``losses``.
+        """
+        losses = losses.detach().reshape(-1).float().cpu()
+        finite = torch.isfinite(losses)
+        if population is None:
+            population = losses[finite]
+        else:
+            population = population.detach().reshape(-1).float().cpu()
+            population = population[torch.isfinite(population)]
+        if bool(finite.all()):
+            return self._select(losses, generator, population)
+        rows = finite.nonzero().squeeze(1)
+        inner = self._select(losses[rows], generator, population)
+        return Selection(rows[inner.indices], inner.weights)
+
+    def _select(self, losses: torch.Tensor, generator: torch.Generator, population: torch.Tensor) -> Selection:
+        raise NotImplementedError
+
+    def expected_keep_fraction(self) -> float:
+        """Expected fraction of a selection batch that is trained on, for sizing the LR schedule."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Stateless by default."""
+
+
+def bernoulli_keep(probabilities: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Indices kept by one independent coin flip per row."""
+    draws = torch.rand(probabilities.shape, generator=generator)
+    return (draws < probabilities).nonzero().squeeze(1)

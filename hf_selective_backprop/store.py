@@ -1,0 +1,60 @@
+"""Per-example loss store for Stale-SB: O(N) tensors indexed by the int64 example id."""
+
+from __future__ import annotations
+
+import torch
+
+
+class LossStore:
+    """Latest loss of every example and the epoch it was measured in.
+
+    Unknown examples hold NaN and epoch -1. The tensors grow to the largest id seen, so ids
+    with gaps cost one float and one int64 per slot, never a Python object per example.
+    """
+
+    def __init__(self, capacity: int = 0):
+        self.losses = torch.full((capacity,), float("nan"), dtype=torch.float32)
+        self.epochs = torch.full((capacity,), -1, dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return self.losses.numel()
+
+    def _grow(self, capacity: int) -> None:
+        if capacity <= len(self):
+            return
+        extra = capacity - len(self)
+        self.losses = torch.cat([self.losses, torch.full((extra,), float("nan"))])
+        self.epochs = torch.cat([self.epochs, torch.full((extra,), -1, dtype=torch.int64)])
+
+    def update(self, ids: torch.Tensor, losses: torch.Tensor, epoch: int) -> None:
+        """Record losses for ids; non-finite losses are not stored (the old value stays)."""
+        ids = ids.detach().reshape(-1).to("cpu", torch.int64)
+        losses = losses.detach().reshape(-1).to("cpu", torch.float32)
+        if ids.numel() != losses.numel():
+            raise ValueError(f"{ids.numel()} ids for {losses.numel()} losses")
+        if ids.numel() and int(ids.min()) < 0:
+            raise ValueError("example ids must be non-negative")
+        finite = torch.isfinite(losses)
+        ids, losses = ids[finite], losses[finite]
+        if ids.numel() == 0:
+            return
+        self._grow(int(ids.max()) + 1)
+        self.losses[ids] = losses
+        self.epochs[ids] = epoch
+
+    def lookup(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(losses, epochs) for ids; NaN / -1 where nothing is stored."""
+        ids = ids.detach().reshape(-1).to("cpu", torch.int64)
+        known = ids < len(self)
+        losses = torch.full(ids.shape, float("nan"))
+        epochs = torch.full(ids.shape, -1, dtype=torch.int64)
+        losses[known] = self.losses[ids[known]]
+        epochs[known] = self.epochs[ids[known]]
+        return losses, epochs
+
+    def state_dict(self) -> dict:
+        return {"losses": self.losses.clone(), "epochs": self.epochs.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.losses = state["losses"].clone().to(torch.float32)
+        self.epochs = state["epochs"].clone().to(torch.int64)

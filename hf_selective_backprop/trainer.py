@@ -1,0 +1,518 @@
+"""`SelectiveBackpropTrainer`: transformers' Trainer with a selection pass in front of each step.
+
+The Trainer's own loop, optimizer step and gradient accumulation stay untouched. Selection
+lives in `get_batch_samples`: it reads *selection batches* from the epoch iterator, scores
+them (or, in a Stale-SB epoch, looks their losses up), queues the chosen rows and hands
+back exactly `gradient_accumulation_steps` micro-batches of exactly the training batch size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from functools import partial
+
+import torch
+from torch.utils.data import Dataset
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from . import distributed
+from .accounting import COUNTERS, TIMERS, SelectionStats, summarize
+from .config import SelectiveBackpropConfig
+from .losses import cross_entropy_per_example
+from .plan import TrainingPlan
+from .queue import BatchQueue
+from .schedule import selection_active
+from .scoring import SelectionScorer
+from .selectors import build_selector
+from .store import LossStore
+
+STATE_FILE = "sb_state.pt"
+RANK_STATE_FILE = "sb_rank_state_{rank}.pt"
+STATS_FILE = "sb_stats.json"
+WEIGHT_KEY = "sb_weight"
+
+
+class _IndexedDataset(Dataset):
+    """Adds a stable id (the position) to each example of a map-style dataset of dicts."""
+
+    def __init__(self, dataset, column: str):
+        self.dataset, self.column = dataset, column
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, position: int) -> dict:
+        return {**self.dataset[position], self.column: position}
+
+
+class _SelectionFlowCallback(TrainerCallback):
+    """Keeps the Trainer's bookkeeping honest when steps per epoch vary with selection."""
+
+    def __init__(self, trainer: SelectiveBackpropTrainer):
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        run = self.trainer
+        state.epoch = run._epoch + run._consumed / max(run._plan.selection_batches_per_epoch, 1)
+        if run._epoch_based:
+            # max_steps holds the *expected* step count; an epoch-based run ends when its data
+            # does (a fractional num_train_epochs included), not at the estimate.
+            control.should_training_stop = run.training_progress() >= 1.0
+        return control
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        # An epoch whose kept rows all stayed queued made no step; the Trainer reads that as
+        # an empty dataset and stops. The rows carry over, so training goes on.
+        run = self.trainer
+        state.epoch = run._epoch + run._consumed / max(run._plan.selection_batches_per_epoch, 1)
+        if run._epoch_without_step and run.training_progress() < 1.0:
+            control.should_training_stop = False
+        return control
+
+
+class SelectiveBackpropTrainer(Trainer):
+    """A drop-in `Trainer` that backpropagates only selected examples.
+
+    Args:
+        per_example_loss_func: ``(outputs, labels) -> losses`` of shape (batch,), needed when
+            the model's loss is not single-label cross-entropy (and with ``compute_loss_func``).
+        Every other argument is `transformers.Trainer`'s.
+    """
+
+    def __init__(self, *args, per_example_loss_func=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.args, SelectiveBackpropConfig):
+            raise TypeError(
+                f"SelectiveBackpropTrainer needs args of type SelectiveBackpropConfig, got {type(self.args).__name__}"
+            )
+        if self.compute_loss_func is not None and per_example_loss_func is None and self.args.sb_strategy != "none":
+            raise ValueError(
+                "compute_loss_func is set, so selection cannot know each example's loss: pass "
+                "per_example_loss_func=(outputs, labels) -> per-example losses as well"
+            )
+        self.per_example_loss_func = per_example_loss_func or partial(
+            cross_entropy_per_example, label_smoothing=self.args.label_smoothing_factor
+        )
+        self.selector = build_selector(self.args)
+        if self.selector is None:
+            return
+        self.label_name = self.label_names[0] if self.label_names else "labels"
+        self.scorer = SelectionScorer(
+            self.per_example_loss_func,
+            label_name=self.label_name,
+            mode=self.args.sb_selection_mode,
+            precision=self.args.sb_selection_precision,
+            scale=self.args.sb_selection_scale,
+            channels_last=self.args.sb_selection_channels_last,
+            inference_mode=self.args.sb_selection_inference_mode,
+        )
+        if self.train_dataset is not None:
+            self.train_dataset = self._with_index_column(self.train_dataset)
+        self.add_callback(_SelectionFlowCallback(self))
+        self._reset_selection_state()
+
+    # ---- set-up -------------------------------------------------------------------------
+
+    def _with_index_column(self, dataset):
+        column = self.args.sb_index_column
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            if self.args.sb_staleness > 1:
+                raise ValueError("--sb_staleness > 1 needs a map-style dataset: an IterableDataset has no stable ids")
+            return dataset
+        column_names = getattr(dataset, "column_names", None)
+        if column_names is not None:
+            if column in column_names:
+                return dataset
+            return dataset.add_column(column, list(range(len(dataset))))
+        if len(dataset) and isinstance(dataset[0], dict) and column in dataset[0]:
+            return dataset
+        return _IndexedDataset(dataset, column)
+
+    def _set_signature_columns_if_needed(self):
+        super()._set_signature_columns_if_needed()
+        if self.selector is not None and self.args.sb_index_column not in self._signature_columns:
+            self._signature_columns.append(self.args.sb_index_column)
+
+    def _reset_selection_state(self) -> None:
+        """Fresh selection state: at construction and at each (auto_find_batch_size) restart."""
+        self.selector = build_selector(self.args)
+        self.queue = BatchQueue()
+        self.store = LossStore()
+        self.stats = SelectionStats()
+        self.generator = torch.Generator().manual_seed(self.args.seed + 1_000_003 * self.args.process_index)
+        self._epoch = 0
+        self._consumed = 0
+        self._skip_on_resume = 0
+        self._resume_checkpoint = None
+        self._epoch_without_step = False
+        self._steps_in_epoch = 0
+
+    def get_train_dataloader(self):
+        if self.selector is None:
+            return super().get_train_dataloader()
+        # The loader yields selection batches; training batches are assembled from them.
+        train_batch_size = self._train_batch_size
+        self._train_batch_size = self._selection_batch_size(train_batch_size)
+        try:
+            return super().get_train_dataloader()
+        finally:
+            self._train_batch_size = train_batch_size
+
+    def _selection_batch_size(self, train_batch_size: int) -> int:
+        if self.args.sb_selection_batch_size is not None:
+            return self.args.sb_selection_batch_size
+        if self.args.sb_strategy == "kath18":
+            return math.ceil(self.args.sb_presample_value * train_batch_size)
+        return train_batch_size
+
+    def set_initial_training_values(self, args, dataloader):
+        values = super().set_initial_training_values(args, dataloader)
+        if self.selector is None:
+            return values
+        num_train_epochs, _, num_examples, num_train_samples, total_batch_size, _, max_steps = values
+        if not len(dataloader):
+            raise ValueError("the training dataset is empty")
+        grad_accum = args.gradient_accumulation_steps
+        selection_batch_size = self._selection_batch_size(self._train_batch_size)
+        rows_per_epoch = min(
+            len(dataloader) * selection_batch_size, math.ceil(num_examples / self.accelerator.num_processes)
+        )
+        active = (args.sb_end - args.sb_start) * (1.0 - 1.0 / args.sb_interrupt if args.sb_interrupt else 1.0)
+        self._plan = TrainingPlan(
+            rows_per_epoch=rows_per_epoch,
+            selection_batches_per_epoch=len(dataloader),
+            selection_batch_size=selection_batch_size,
+            rows_per_step=self._train_batch_size * grad_accum,
+            keep=self.selector.expected_keep_fraction(),
+            active_share=active,
+            warmup_epochs=args.sb_warmup_epochs,
+        )
+        kept_per_epoch = rows_per_epoch * self._plan.expected_keep()
+        if kept_per_epoch < self._plan.rows_per_step:
+            raise ValueError(
+                f"an epoch of {rows_per_epoch} examples per process keeps about {kept_per_epoch:.0f}, fewer than "
+                f"one optimizer step needs ({self._train_batch_size} x {grad_accum} gradient accumulation): "
+                "use a larger dataset, a smaller --per_device_train_batch_size or a larger --sb_keep"
+            )
+        micro_batches = self._plan.max_micro_batches_per_epoch(grad_accum)
+        self._epoch_based = args.max_steps <= 0
+        if self._epoch_based:
+            max_steps = self._plan.expected_steps(args.num_train_epochs)
+        else:
+            # A step-based run reads as many epochs as its steps need.
+            num_train_epochs = sys.maxsize
+        self._expected_steps = max_steps
+        return (
+            num_train_epochs,
+            micro_batches // grad_accum,
+            num_examples,
+            num_train_samples,
+            total_batch_size,
+            micro_batches,
+            max_steps,
+        )
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        scheduler = super().create_scheduler(num_training_steps, optimizer)
+        if self.selector is not None and isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+            # How many examples selection keeps drifts as losses fall, so the number of steps an
+            # epoch makes is only known afterwards. The schedule follows the run's progress
+            # instead, scaled to the expected step count: it ends exactly when the data does.
+            scheduler.lr_lambdas = [
+                partial(_lambda_at_progress, fn, self, num_training_steps) for fn in scheduler.lr_lambdas
+            ]
+        return scheduler
+
+    def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, *rest, **kwargs):
+        if self.selector is not None:
+            self._reset_selection_state()
+            self._train_start = time.perf_counter()
+        return super()._inner_training_loop(batch_size, args, resume_from_checkpoint, *rest, **kwargs)
+
+    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial):
+        epochs_trained, skipped = super()._init_training_state(
+            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+        )
+        if self.selector is None or resume_from_checkpoint is None:
+            return epochs_trained, skipped
+        self._load_selection_state(resume_from_checkpoint)
+        # The Trainer's resume arithmetic assumes a fixed number of batches per step; the
+        # saved position says how many selection batches of the epoch were read.
+        return self._epoch, 0
+
+    # ---- the selection step ---------------------------------------------------------------
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        if self.selector is None:
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self._skip_on_resume:
+            self._skip_batches(epoch_iterator)
+        grad_accum = self.args.gradient_accumulation_steps
+        batch_size = self._train_batch_size
+        selecting = self._selection_on()
+        while not distributed.all_true(self.accelerator, len(self.queue) >= batch_size * grad_accum):
+            with self.stats.timer("data_seconds"):
+                batch = next(epoch_iterator, None)
+            if not distributed.all_true(self.accelerator, batch is not None):
+                self._end_epoch()
+                return [], None
+            self._consumed += 1
+            self._enqueue(batch, selecting)
+        with self.stats.timer("selection_overhead_seconds"):
+            micro_batches = [
+                {k: v.to(device, non_blocking=True) for k, v in self.queue.pop(batch_size).items()}
+                for _ in range(grad_accum)
+            ]
+        trained = batch_size * grad_accum
+        self.stats.training_forwards += trained
+        self.stats.backwards += trained
+        self.stats.optimizer_steps += 1
+        self._steps_in_epoch += 1
+        return micro_batches, self._get_num_items_in_batch(micro_batches, device)
+
+    def _end_epoch(self) -> None:
+        self._epoch_without_step = self._steps_in_epoch == 0
+        self.control.should_epoch_stop = True
+        self._epoch += 1
+        self._consumed = 0
+        self._steps_in_epoch = 0
+
+    def _skip_batches(self, epoch_iterator) -> None:
+        """Fast-forward a resumed epoch past the selection batches read before the checkpoint."""
+        for _ in range(self._skip_on_resume):
+            next(epoch_iterator)
+        self._consumed = self._skip_on_resume
+        self._skip_on_resume = 0
+        # As the Trainer does after skipping: continue with the RNG state of the checkpoint.
+        self._load_rng_state(self._resume_checkpoint)
+
+    def _selection_on(self) -> bool:
+        if self._epoch < self.args.sb_warmup_epochs:
+            return False
+        return selection_active(
+            self.state.global_step, self.state.max_steps, self.args.sb_start, self.args.sb_end, self.args.sb_interrupt
+        )
+
+    def _is_stale_epoch(self) -> bool:
+        return (self._epoch - self.args.sb_warmup_epochs) % self.args.sb_staleness != 0
+
+    def _enqueue(self, batch: dict, selecting: bool) -> None:
+        size = _batch_length(batch)
+        self.stats.examples_seen += size
+        if not selecting:
+            rows = dict(batch)
+        else:
+            losses = self._losses_for(batch)
+            with self.stats.timer("selection_overhead_seconds"):
+                losses = losses.cpu()
+                population = None
+                if self.args.sb_history_scope == "global":
+                    population = distributed.gather_pairs(self.accelerator, batch[self.args.sb_index_column], losses)[1]
+                selection = self.selector.select(losses, self.generator, population=population)
+                self.stats.considered += size
+                self.stats.kept += selection.indices.numel()
+                self.stats.nonfinite_losses += int((~torch.isfinite(losses)).sum())
+                indices = selection.indices.to(_batch_device(batch))
+                rows = {key: value[indices] for key, value in batch.items()}
+                if selection.weights is not None:
+                    rows[WEIGHT_KEY] = selection.weights.to(_batch_device(batch))
+        if self.selector.produces_weights and WEIGHT_KEY not in rows:
+            rows[WEIGHT_KEY] = torch.ones(_batch_length(rows), device=_batch_device(batch))
+        self.queue.push(rows)
+
+    def _losses_for(self, batch: dict) -> torch.Tensor:
+        """Per-example losses of a selection batch: a selection forward, or stored ones."""
+        size = _batch_length(batch)
+        if not self.selector.needs_losses:
+            return torch.zeros(size)
+        ids = batch[self.args.sb_index_column]
+        if self.args.sb_staleness == 1:
+            return self._score(batch, ids)
+        if not self._is_stale_epoch():
+            return self._score(batch, ids)
+        losses, _ = self.store.lookup(ids)
+        unknown = torch.isnan(losses)
+        self.stats.stale_lookups += size - int(unknown.sum())
+        if unknown.any():
+            # Examples never scored (e.g. new ids) still need one forward to be ranked.
+            rows = unknown.nonzero().squeeze(1).to(ids.device)
+            subset = {key: value[rows] for key, value in batch.items()}
+            losses[unknown] = self._score(subset, ids[rows]).cpu()
+        elif self.accelerator.num_processes > 1:
+            # Keep the store's collective in lockstep with ranks that did score something.
+            self._record(ids[:0], torch.zeros(0))
+        return losses
+
+    def _score(self, batch: dict, ids: torch.Tensor) -> torch.Tensor:
+        inputs = {k: v for k, v in batch.items() if k != self.args.sb_index_column}
+        model = self._selection_model()
+        with self.stats.timer("selection_forward_seconds"):
+            losses = self.scorer(model, inputs)
+        self.stats.selection_forwards += _batch_length(batch)
+        if self.args.sb_staleness > 1:
+            self._record(ids, losses)
+        return losses
+
+    def _record(self, ids: torch.Tensor, losses: torch.Tensor) -> None:
+        """Store losses of every rank's examples, so each rank holds the same store."""
+        all_ids, all_losses = distributed.gather_pairs(self.accelerator, ids, losses.detach())
+        self.store.update(all_ids, all_losses, self._epoch)
+
+    def _selection_model(self) -> torch.nn.Module:
+        # Under DDP a forward of the wrapper syncs buffers, a collective that ranks scoring
+        # different numbers of rows would not match; the inner module (which keeps
+        # Accelerate's autocast patch) needs no collective. FSDP/DeepSpeed must use the wrapper.
+        wrapped = self.model_wrapped
+        if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
+            return wrapped.module
+        return wrapped
+
+    def training_progress(self) -> float:
+        """Fraction of the run done: data read (epoch-based runs) or optimizer steps."""
+        if self._epoch_based:
+            epochs = self._epoch + self._consumed / self._plan.selection_batches_per_epoch
+            return min(epochs / self.args.num_train_epochs, 1.0)
+        return min(self.state.global_step / self.state.max_steps, 1.0)
+
+    # ---- losses during training and evaluation --------------------------------------------
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.selector is None:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        inputs = dict(inputs)
+        ids = inputs.pop(self.args.sb_index_column, None)
+        weights = inputs.pop(WEIGHT_KEY, None)
+        labels = inputs.get(self.label_name)
+        loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
+        if model.training and labels is not None and (weights is not None or self._refreshes_store()):
+            per_example = self.per_example_loss_func(outputs, labels)
+            if weights is not None:
+                # Same normaliser as the model's own loss: the step's item count when the
+                # Trainer passes one (the loss is then already scaled for accumulation).
+                denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
+                loss = (per_example * weights).sum() / torch.as_tensor(denominator).clamp_min(1)
+            if self._refreshes_store() and ids is not None:
+                # A trained example's training-forward loss is fresher than its stored one.
+                self._record(ids, per_example.detach().float().cpu())
+        return (loss, outputs) if return_outputs else loss
+
+    def _refreshes_store(self) -> bool:
+        return self.args.sb_staleness > 1
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        if self.selector is not None:
+            inputs = {k: v for k, v in inputs.items() if k != self.args.sb_index_column}
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+
+    def evaluate(self, *args, **kwargs):
+        if self.selector is None:
+            return super().evaluate(*args, **kwargs)
+        with self.stats.timer("eval_seconds"):
+            return super().evaluate(*args, **kwargs)
+
+    # ---- accounting -------------------------------------------------------------------------
+
+    def selection_summary(self) -> dict:
+        """Counters summed over processes plus derived figures (collective: call on every rank)."""
+        state = self.stats.state_dict()
+        totals = distributed.sum_over_processes(self.accelerator, {k: state[k] for k in COUNTERS})
+        totals = {k: int(v) for k, v in totals.items()}
+        totals.update({k: state[k] for k in TIMERS})
+        wall = time.perf_counter() - getattr(self, "_train_start", time.perf_counter())
+        return summarize(totals, wall)
+
+    def log(self, logs, start_time=None):
+        if self.selector is not None and ("loss" in logs or "train_runtime" in logs):
+            summary = self.selection_summary()
+            logs = {**logs, **{f"sb/{k}": v for k, v in summary.items()}}
+        super().log(logs, start_time)
+
+    def train(self, *args, **kwargs):
+        output = super().train(*args, **kwargs)
+        if self.selector is not None:
+            summary = self.selection_summary()
+            summary["strategy"] = self.args.sb_strategy
+            summary["expected_steps"] = self._expected_steps
+            self.sb_stats = summary
+            if self.args.should_save:
+                os.makedirs(self.args.output_dir, exist_ok=True)
+                with open(os.path.join(self.args.output_dir, STATS_FILE), "w") as handle:
+                    json.dump(summary, handle, indent=2, sort_keys=True)
+        return output
+
+    # ---- checkpoints --------------------------------------------------------------------------
+
+    def _save_checkpoint(self, model, trial):
+        if self.selector is None:
+            return super()._save_checkpoint(model, trial)
+        with self.stats.timer("save_seconds"):
+            super()._save_checkpoint(model, trial)
+            folder = os.path.join(self._get_output_dir(trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            os.makedirs(folder, exist_ok=True)
+            if self.args.should_save:
+                torch.save(self._shared_state(), os.path.join(folder, STATE_FILE))
+            torch.save(self._rank_state(), os.path.join(folder, RANK_STATE_FILE.format(rank=self.args.process_index)))
+
+    def _shared_state(self) -> dict:
+        """State that is identical on every rank: saved once."""
+        return {
+            "selector": self.selector.state_dict(),
+            "store": self.store.state_dict(),
+            "epoch": self._epoch,
+            "consumed": self._consumed,
+            "world_size": self.accelerator.num_processes,
+        }
+
+    def _rank_state(self) -> dict:
+        return {
+            "generator": self.generator.get_state(),
+            "queue": self.queue.state_dict(),
+            "stats": self.stats.state_dict(),
+        }
+
+    def _load_selection_state(self, checkpoint: str) -> None:
+        path = os.path.join(checkpoint, STATE_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"{checkpoint} has no {STATE_FILE}: it was not written by SelectiveBackpropTrainer, so the "
+                "selection state (loss history, per-example store, position in the epoch) cannot be restored. "
+                "Resume it with transformers.Trainer, or start a new run from its weights."
+            )
+        shared = torch.load(path, weights_only=False)
+        self.selector.load_state_dict(shared["selector"])
+        self.store.load_state_dict(shared["store"])
+        self._epoch, self._skip_on_resume = shared["epoch"], shared["consumed"]
+        self._resume_checkpoint = checkpoint
+        rank_path = os.path.join(checkpoint, RANK_STATE_FILE.format(rank=self.args.process_index))
+        if shared["world_size"] == self.accelerator.num_processes and os.path.isfile(rank_path):
+            rank = torch.load(rank_path, weights_only=False)
+            self.generator.set_state(rank["generator"])
+            self.queue.load_state_dict(rank["queue"])
+            self.stats.load_state_dict(rank["stats"])
+        else:
+            warnings.warn(
+                f"{checkpoint} was saved by {shared['world_size']} processes and this run has "
+                f"{self.accelerator.num_processes}: the shared loss history and store are restored, but "
+                "each process starts with an empty queue and a freshly seeded generator",
+                stacklevel=2,
+            )
+
+
+def _lambda_at_progress(fn, trainer: SelectiveBackpropTrainer, total_steps: int, step: int) -> float:
+    if not trainer._epoch_based:
+        return fn(step)
+    return fn(round(trainer.training_progress() * total_steps))
+
+
+def _batch_length(batch: dict) -> int:
+    return next(iter(batch.values())).shape[0]
+
+
+def _batch_device(batch: dict) -> torch.device:
+    return next(iter(batch.values())).device

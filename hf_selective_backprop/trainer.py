@@ -27,7 +27,7 @@ from .config import SelectiveBackpropConfig
 from .losses import cross_entropy_per_example
 from .plan import TrainingPlan
 from .queue import BatchQueue
-from .schedule import selection_active
+from .schedule import in_selection_window, is_interrupt_step
 from .scoring import SelectionScorer
 from .selectors import build_selector
 from .store import LossStore
@@ -235,9 +235,9 @@ class SelectiveBackpropTrainer(Trainer):
             self._train_start = time.perf_counter()
         return super()._inner_training_loop(batch_size, args, resume_from_checkpoint, *rest, **kwargs)
 
-    def _init_training_state(self, max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial):
+    def _init_training_state(self, max_steps, steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial):
         epochs_trained, skipped = super()._init_training_state(
-            max_steps, num_update_steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
+            max_steps, steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
         )
         if self.selector is None or resume_from_checkpoint is None:
             return epochs_trained, skipped
@@ -295,9 +295,11 @@ class SelectiveBackpropTrainer(Trainer):
     def _selection_on(self) -> bool:
         if self._epoch < self.args.sb_warmup_epochs:
             return False
-        return selection_active(
-            self.state.global_step, self.state.max_steps, self.args.sb_start, self.args.sb_end, self.args.sb_interrupt
-        )
+        if is_interrupt_step(self.state.global_step, self.args.sb_interrupt):
+            return False
+        # The sb_start/sb_end window is a share of the run's progress, like the LR schedule.
+        total = self.state.max_steps
+        return in_selection_window(int(self.training_progress() * total), total, self.args.sb_start, self.args.sb_end)
 
     def _is_stale_epoch(self) -> bool:
         return (self._epoch - self.args.sb_warmup_epochs) % self.args.sb_staleness != 0

@@ -1,0 +1,76 @@
+import pytest
+from transformers import HfArgumentParser
+
+from hf_selective_backprop import SelectiveBackpropConfig
+from hf_selective_backprop.config import STRATEGIES
+
+
+def make(**overrides):
+    return SelectiveBackpropConfig(output_dir="unused", report_to=[], use_cpu=True, **overrides)
+
+
+@pytest.mark.parametrize(
+    "flag, value",
+    [
+        ("sb_strategy", "random"),
+        ("sb_beta", 0.0),
+        ("sb_beta", -1.0),
+        ("sb_keep", 0.0),
+        ("sb_keep", 1.5),
+        ("sb_history_size", 0),
+        ("sb_min_prob", -0.1),
+        ("sb_min_prob", 1.1),
+        ("sb_staleness", 0),
+        ("sb_selection_batch_size", 0),
+        ("sb_selection_mode", "test"),
+        ("sb_warmup_epochs", -1),
+        ("sb_index_column", ""),
+        ("sb_start", 1.0),
+        ("sb_end", 0.0),
+        ("sb_interrupt", -2),
+        ("sb_presample", 1.0),
+        ("sb_selection_precision", "int8"),
+        ("sb_selection_scale", 0.0),
+        ("sb_selection_scale", 2.0),
+        ("sb_history_scope", "world"),
+    ],
+)
+def test_invalid_flag_names_itself_and_the_allowed_values(flag, value):
+    with pytest.raises(ValueError, match=f"--{flag} must be") as error:
+        make(**{flag: value})
+    assert repr(value) in str(error.value)
+
+
+def test_keep_and_beta_must_agree():
+    with pytest.raises(ValueError, match="--sb_keep 0.5 and --sb_beta 2"):
+        make(sb_keep=0.5, sb_beta=2.0)
+    assert make(sb_keep=1 / 3, sb_beta=2.0).sb_beta_value == 2.0
+
+
+@pytest.mark.parametrize(
+    "overrides, keep, beta",
+    [
+        ({}, 1 / 3, 2.0),
+        ({"sb_beta": 1.0}, 0.5, 1.0),
+        ({"sb_keep": 0.25}, 0.25, 3.0),
+        ({"sb_strategy": "kath18", "sb_presample": 4.0}, 0.25, 3.0),
+    ],
+)
+def test_one_keep_fraction_across_strategies(overrides, keep, beta):
+    config = make(**overrides)
+    assert config.sb_keep_fraction == pytest.approx(keep)
+    assert config.sb_beta_value == pytest.approx(beta)
+    assert config.sb_presample_value == pytest.approx(1 / keep)
+
+
+def test_every_sb_flag_has_help_and_parses_from_the_command_line():
+    parser = HfArgumentParser(SelectiveBackpropConfig)
+    sb_actions = {a.dest: a for a in parser._actions if a.dest.startswith("sb_")}
+    assert len(sb_actions) >= 20
+    for name, action in sb_actions.items():
+        assert action.help and len(action.help) > 20, name
+    assert sb_actions["sb_strategy"].choices == list(STRATEGIES)
+    (config,) = parser.parse_args_into_dataclasses(
+        ["--output_dir", "o", "--use_cpu", "--sb_strategy", "topk", "--sb_keep", "0.25", "--sb_staleness", "3"]
+    )
+    assert (config.sb_strategy, config.sb_keep, config.sb_staleness) == ("topk", 0.25, 3)

@@ -34,6 +34,8 @@ class PercentileSelector(Selector):
     def expected_keep_fraction(self) -> float:
         # E[max(U ** beta, f)] for U uniform on [0, 1]: the floor covers u < f ** (1 / beta).
         beta, floor = self.beta, self.min_prob
+        if beta == 0:
+            return 1.0
         below = floor ** (1.0 / beta)
         return floor * below + (1.0 - below ** (beta + 1.0)) / (beta + 1.0)
 

@@ -1,0 +1,29 @@
+# Two entry points for a fresh machine: `make demo` (set up, run the main job) and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint benchmark
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# The exact PyTorch build is pinned here, not in the package's requirements.
+	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) scripts/compare.py
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+benchmark: $(STAMP)
+	$(PY) scripts/benchmark.py

@@ -44,7 +44,7 @@ class SelectiveBackpropConfig(TrainingArguments):
         default=None,
         metadata={
             "help": "Selectivity exponent of 'sb' (> 0): P = CDF(loss)**beta. The expected kept fraction is "
-            "1/(beta+1): beta=1, 2, 3 keep 50%, 33%, 25%. Default: derived from sb_keep (beta=2)."
+            "1/(beta+1): beta=1, 2, 3 keep a half, a third, a quarter. Default: derived from sb_keep (beta=2)."
         },
     )
     sb_history_size: int = field(
@@ -198,6 +198,13 @@ class SelectiveBackpropConfig(TrainingArguments):
             fail("sb_selection_scale", "in (0, 1]", self.sb_selection_scale)
         if self.sb_history_scope not in HISTORY_SCOPES:
             fail("sb_history_scope", f"one of {', '.join(HISTORY_SCOPES)}", self.sb_history_scope)
+        if self.sb_strategy != "none" and self.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
+            # transformers 5 spells the old --group_by_length as --train_sampling_strategy group_by_length.
+            raise ValueError(
+                f"--train_sampling_strategy {self.train_sampling_strategy} (--group_by_length) cannot be combined "
+                f"with --sb_strategy {self.sb_strategy}: selection trains kept rows of several selection batches "
+                "together, so length-grouped or rebalanced batches do not survive it; use the default 'random'"
+            )
 
     @property
     def sb_keep_fraction(self) -> float:

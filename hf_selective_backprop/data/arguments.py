@@ -1,0 +1,74 @@
+"""Command-line options of the data pipeline, in `HfArgumentParser` style."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DataArguments:
+    dataset: str = field(
+        default="cifar10",
+        metadata={
+            "help": "cifar10, cifar100, svhn, mnist, digits (scikit-learn's, no download), a Hub id "
+            "(e.g. uoft-cs/cifar10) or a local folder in the Hub layout (e.g. ../shared/data/cifar10; "
+            "a folder named after a known dataset gets that dataset's recipe)."
+        },
+    )
+    data_dir: str | None = field(
+        default=None,
+        metadata={"help": "Local folder (Hub layout) holding --dataset, when its name does not say which it is."},
+    )
+    dataset_config: str | None = field(
+        default=None,
+        metadata={"help": "Dataset config name (default: the known one, e.g. cropped_digits for svhn)."},
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache folder for `datasets`."})
+    image_column: str | None = field(
+        default=None, metadata={"help": "Image column (default: the dataset's, or its only image column)."}
+    )
+    label_column: str | None = field(
+        default=None, metadata={"help": "Label column (default: the dataset's, or its class-label column)."}
+    )
+    train_split: str = field(default="train", metadata={"help": "Split to train on."})
+    eval_split: str | None = field(
+        default="test", metadata={"help": "Split to evaluate on ('' or 'none': no evaluation)."}
+    )
+    max_train_samples: int | None = field(
+        default=None, metadata={"help": "Train on the first N examples of the train split (ids kept)."}
+    )
+    max_eval_samples: int | None = field(
+        default=None, metadata={"help": "Evaluate on the first N examples of the eval split."}
+    )
+    label_noise: float = field(
+        default=0.0,
+        metadata={"help": "Fraction in [0, 1) of training labels flipped to a random other class."},
+    )
+    label_noise_seed: int = field(default=0, metadata={"help": "Seed choosing the flipped labels."})
+    image_size: int | None = field(
+        default=None, metadata={"help": "Resize every image to this square size (default: native size)."}
+    )
+    num_channels: int = field(
+        default=3, metadata={"help": "Channels images are converted to: 3 (RGB) or 1 (grayscale)."}
+    )
+    augment: bool = field(default=True, metadata={"help": "Random crop (4 px padding), flip where allowed, cutout."})
+    cutout: int | None = field(
+        default=None, metadata={"help": "Cutout square side in pixels, 0 for none (default: the dataset's)."}
+    )
+    hflip: bool | None = field(
+        default=None, metadata={"help": "Random horizontal flips (default: the dataset's; off for digits)."}
+    )
+
+    def __post_init__(self):
+        if not 0.0 <= self.label_noise < 1.0:
+            raise ValueError(f"--label_noise must be in [0, 1), got {self.label_noise}")
+        if self.num_channels not in (1, 3):
+            raise ValueError(f"--num_channels must be 1 or 3, got {self.num_channels}")
+        for name in ("max_train_samples", "max_eval_samples", "image_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name} must be >= 1, got {value}")
+        if self.cutout is not None and self.cutout < 0:
+            raise ValueError(f"--cutout must be >= 0, got {self.cutout}")
+        if self.eval_split is not None and self.eval_split.lower() in ("", "none"):
+            self.eval_split = None

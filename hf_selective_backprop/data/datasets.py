@@ -1,0 +1,246 @@
+"""Image-classification data held in memory as uint8 tensors, served as dict rows."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import datasets
+import torch
+
+from .arguments import DataArguments
+from .decode import decode_images
+from .noise import flip_labels
+from .sources import open_source
+from .specs import DatasetSpec
+from .transforms import BatchTransform
+
+logger = logging.getLogger(__name__)
+
+
+class ImageTensorDataset(torch.utils.data.Dataset):
+    """Rows ``{"pixel_values": float (C, H, W), "labels": int64, "index": int64}``.
+
+    ``index`` (train split only) is the example's stable id: its position in the original
+    split, whatever the subset or shuffle. Augmentation runs once per batch in
+    ``__getitems__``, which DataLoader calls with a whole batch of positions. It lives in
+    the dataset rather than in a collator because the Trainer passes evaluation batches
+    through the same collator as training ones; here the eval dataset simply has no
+    augmentation. Transformers' `default_data_collator` stacks the rows.
+    """
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        transform: BatchTransform,
+        index: torch.Tensor | None = None,
+    ):
+        if images.dtype != torch.uint8 or images.ndim != 4:
+            raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
+        if len(labels) != len(images) or (index is not None and len(index) != len(images)):
+            raise ValueError("images, labels and index must have the same length")
+        self.images = images
+        self.labels = labels
+        self.transform = transform
+        self.index = index
+        #: Ids (``index`` values) whose label was flipped by label noise.
+        self.noisy_indices = torch.empty(0, dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitems__(self, positions: list[int]) -> list[dict]:
+        positions = torch.as_tensor(positions, dtype=torch.int64)
+        columns = {"pixel_values": self.transform(self.images[positions]), "labels": self.labels[positions]}
+        if self.index is not None:
+            columns["index"] = self.index[positions]
+        # unbind: one call for all row views instead of an indexing op per row and column.
+        return [
+            dict(zip(columns, row, strict=True)) for row in zip(*(c.unbind() for c in columns.values()), strict=True)
+        ]
+
+    def __getitem__(self, position: int) -> dict:
+        return self.__getitems__([position])[0]
+
+
+@dataclass
+class ImageClassificationData:
+    """Everything a training script needs from the data side."""
+
+    train: ImageTensorDataset
+    eval: ImageTensorDataset | None
+    label_names: list[str]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    image_size: tuple[int, int]
+    num_channels: int
+    spec: DatasetSpec
+    #: Where the data came from (Hub id, folder or scikit-learn), for logs and model cards.
+    source: str
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+    @property
+    def dataset_id(self) -> str:
+        """The Hub id of the dataset if it is a known one, else its source."""
+        return self.spec.hub_id or self.source
+
+
+def load_image_data(args: DataArguments, seed: int = 0) -> ImageClassificationData:
+    """Open, check, subset, decode (once), add ids and label noise; ``seed`` seeds augmentation."""
+    splits, spec, source = open_source(args)
+    train_split = _split(splits, args.train_split, "--train_split", source)
+    image_column, label_column = _columns(train_split, spec, args)
+    label_names = _label_names(splits, args, label_column)
+
+    train_rows = _first(train_split, args.max_train_samples)
+    size = (args.image_size,) * 2 if args.image_size else ((spec.image_size,) * 2 if spec.image_size else None)
+    train_images = _decode(train_rows, image_column, args.num_channels, size, f"{source} [{args.train_split}]")
+    size = tuple(train_images.shape[2:])
+    train_labels = _labels(train_rows, label_column, len(label_names), "--train_split", args.train_split)
+
+    noisy = torch.empty(0, dtype=torch.int64)
+    if args.label_noise:
+        train_labels, noisy = flip_labels(train_labels, args.label_noise, len(label_names), args.label_noise_seed)
+        logger.info("label noise: flipped %d of %d training labels", len(noisy), len(train_labels))
+
+    mean, std = _statistics(spec, train_images)
+    train_transform = BatchTransform(
+        mean,
+        std,
+        augment=args.augment,
+        hflip=spec.hflip if args.hflip is None else args.hflip,
+        cutout=spec.cutout if args.cutout is None else args.cutout,
+        seed=seed,
+    )
+    # First N rows of the split, so ids are 0..N-1 and equal positions in the original split.
+    train = ImageTensorDataset(train_images, train_labels, train_transform, torch.arange(len(train_images)))
+    train.noisy_indices = noisy
+
+    evaluation = None
+    if args.eval_split is not None:
+        eval_rows = _first(_split(splits, args.eval_split, "--eval_split", source), args.max_eval_samples)
+        _check_columns(eval_rows, (image_column, label_column), args.eval_split)
+        evaluation = ImageTensorDataset(
+            _decode(eval_rows, image_column, args.num_channels, size, f"{source} [{args.eval_split}]"),
+            _labels(eval_rows, label_column, len(label_names), "--eval_split", args.eval_split),
+            BatchTransform(mean, std),
+        )
+    return ImageClassificationData(
+        train=train,
+        eval=evaluation,
+        label_names=label_names,
+        mean=mean,
+        std=std,
+        image_size=size,
+        num_channels=args.num_channels,
+        spec=spec,
+        source=source,
+    )
+
+
+def _split(splits: datasets.DatasetDict, name: str, flag: str, source: str) -> datasets.Dataset:
+    if name not in splits:
+        raise ValueError(f"{flag} {name!r} not found in {source}; its splits are {sorted(splits)}")
+    return splits[name]
+
+
+def _columns(split: datasets.Dataset, spec: DatasetSpec, args: DataArguments) -> tuple[str, str]:
+    """The image and label columns: the flags, else the spec's, else detected from features."""
+    features = split.features
+    found = f"columns found: {list(features)}"
+    for flag, name in (("--image_column", args.image_column), ("--label_column", args.label_column)):
+        if name is not None and name not in features:
+            raise ValueError(f"{flag} {name!r} is not a column of the dataset; {found}")
+
+    image = args.image_column or _detect(
+        features, spec.image_column, lambda f: isinstance(f, datasets.Image), ("image", "img")
+    )
+    if image is None:
+        raise ValueError(f"no image column found; {found}; pass --image_column")
+    if not isinstance(features[image], datasets.Image):
+        raise ValueError(f"column {image!r} does not hold images ({features[image]}); {found}; pass --image_column")
+
+    label = args.label_column or _detect(
+        features, spec.label_column, lambda f: isinstance(f, datasets.ClassLabel), ("label", "labels", "fine_label")
+    )
+    if label is None:
+        raise ValueError(f"no label column found; {found}; pass --label_column")
+    return image, label
+
+
+def _detect(features: datasets.Features, preferred: str | None, is_kind, names: tuple[str, ...]) -> str | None:
+    if preferred in features:
+        return preferred
+    of_kind = [name for name, feature in features.items() if is_kind(feature)]
+    if len(of_kind) == 1:
+        return of_kind[0]
+    return next((name for name in names if name in features), None)
+
+
+def _check_columns(split: datasets.Dataset, columns: tuple[str, str], split_name: str) -> None:
+    missing = [c for c in columns if c not in split.features]
+    if missing:
+        raise ValueError(f"split {split_name!r} lacks column(s) {missing}; columns found: {list(split.features)}")
+
+
+def _label_names(splits: datasets.DatasetDict, args: DataArguments, column: str) -> list[str]:
+    feature = splits[args.train_split].features[column]
+    if isinstance(feature, datasets.ClassLabel):
+        return list(feature.names)
+    if not (isinstance(feature, datasets.Value) and feature.dtype.startswith(("int", "uint"))):
+        raise ValueError(
+            f"label column {column!r} holds {feature}, not class ids (a ClassLabel or integers); pass --label_column"
+        )
+    used = [args.train_split] + ([args.eval_split] if args.eval_split in splits else [])
+    num_classes = 1 + max(max(splits[name].unique(column)) for name in used)
+    return [str(label) for label in range(num_classes)]
+
+
+def _first(split: datasets.Dataset, count: int | None) -> datasets.Dataset:
+    # A contiguous range selects without an indices mapping, before anything is decoded.
+    return split if count is None or count >= len(split) else split.select(range(count))
+
+
+def _decode(
+    rows: datasets.Dataset, column: str, channels: int, size: tuple[int, int] | None, what: str
+) -> torch.Tensor:
+    if len(rows) == 0:
+        raise ValueError(f"{what} has no rows")
+    # Encoded cells straight from Arrow: {"bytes", "path"} dicts, nothing decoded by `datasets`.
+    encoded = rows.select_columns(column).cast_column(column, datasets.Image(decode=False))
+    cells = encoded.with_format("arrow")[column].to_pylist()
+    images, resized = decode_images(cells, channels, size)
+    if resized and size is None:
+        logger.warning(
+            "%s: %d images resized to %dx%d, the first image's size (choose with --image_size)",
+            what,
+            resized,
+            *images.shape[2:],
+        )
+    return images
+
+
+def _labels(rows: datasets.Dataset, column: str, num_classes: int, flag: str, split: str) -> torch.Tensor:
+    labels = torch.tensor(rows.with_format("arrow")[column].to_numpy(), dtype=torch.int64)
+    bad = (labels < 0) | (labels >= num_classes)
+    if bad.any():
+        raise ValueError(
+            f"{flag} {split!r}: labels must be class ids in [0, {num_classes}), "
+            f"found {labels[bad][:5].tolist()} in column {column!r}"
+        )
+    return labels
+
+
+def _statistics(spec: DatasetSpec, images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The spec's mean/std (grayscale values repeat over RGB), else measured on ``images``."""
+    channels = images.shape[1]
+    if spec.mean is not None and len(spec.mean) in (1, channels):
+        repeat = channels // len(spec.mean)
+        return tuple(spec.mean) * repeat, tuple(spec.std) * repeat
+    # One channel at a time: a float copy of a whole dataset can be gigabytes.
+    std, mean = zip(*(torch.std_mean(images[:, c].float() / 255.0) for c in range(channels)), strict=True)
+    return tuple(m.item() for m in mean), tuple(max(s.item(), 1e-6) for s in std)

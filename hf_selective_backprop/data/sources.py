@@ -1,0 +1,79 @@
+"""Find a dataset by name, Hub id or folder and open it as a `datasets.DatasetDict`.
+
+Nothing is decoded here: images stay encoded until the chosen rows are selected.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import datasets
+import numpy as np
+
+from .arguments import DataArguments
+from .specs import KNOWN_DATASETS, DatasetSpec, spec_for_folder, spec_for_name
+
+
+def open_source(args: DataArguments) -> tuple[datasets.DatasetDict, DatasetSpec, str]:
+    """The dataset's splits, its spec and a printable description of where it came from."""
+    spec = spec_for_name(args.dataset)
+    if args.data_dir is not None:
+        folder = _existing_folder(args.data_dir, "--data_dir")
+        spec = spec or spec_for_folder(folder)
+        return _load(str(folder), args.dataset_config, args.cache_dir), spec, str(folder)
+    if spec is not None and spec.name == "digits":
+        return sklearn_digits(), spec, "sklearn.datasets.load_digits"
+    local = Path(args.dataset).expanduser()
+    if local.exists():
+        folder = _existing_folder(args.dataset, "--dataset")
+        return _load(str(folder), args.dataset_config, args.cache_dir), spec_for_folder(folder), str(folder)
+    if spec is not None:
+        config = args.dataset_config or spec.config_name
+        return _load(spec.hub_id, config, args.cache_dir), spec, spec.hub_id
+    if args.dataset.startswith((".", "/", "~")) or args.dataset.count("/") != 1:
+        raise ValueError(
+            f"--dataset {args.dataset!r} is neither a known dataset ({', '.join(KNOWN_DATASETS)}), "
+            "a Hub id (owner/name) nor an existing local folder"
+        )
+    # Any other owner/name goes to the Hub (needs the network); `datasets` explains failures.
+    return _load(args.dataset, args.dataset_config, args.cache_dir), spec_for_folder(Path(args.dataset)), args.dataset
+
+
+def _existing_folder(path: str, flag: str) -> Path:
+    folder = Path(path).expanduser().resolve()
+    if not folder.is_dir():
+        raise ValueError(f"{flag} {path!r}: no such folder (expected a dataset folder in the Hub layout)")
+    return folder
+
+
+def _load(path: str, config: str | None, cache_dir: str | None) -> datasets.DatasetDict:
+    loaded = datasets.load_dataset(path, config, cache_dir=cache_dir)
+    if not isinstance(loaded, datasets.DatasetDict):
+        raise ValueError(f"{path!r} did not load as a dataset with named splits")
+    return loaded
+
+
+def sklearn_digits(test_size: int = 360, seed: int = 0) -> datasets.DatasetDict:
+    """scikit-learn's 1,797 bundled 8x8 digits as train/test splits (stratified, fixed seed).
+
+    Real handwritten digits that ship inside scikit-learn: a dataset that needs no download,
+    for smoke runs and tests. Pixel values 0..16 are scaled to 0..255.
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = np.rint(digits.images * (255.0 / 16.0)).astype(np.uint8)
+    ids = np.arange(len(images))
+    train_ids, test_ids = train_test_split(ids, test_size=test_size, stratify=digits.target, random_state=seed)
+    features = datasets.Features(
+        {"image": datasets.Image(), "label": datasets.ClassLabel(names=[str(d) for d in range(10)])}
+    )
+
+    def split(rows: np.ndarray) -> datasets.Dataset:
+        rows = np.sort(rows)  # keep scikit-learn's order within each split
+        return datasets.Dataset.from_dict(
+            {"image": list(images[rows]), "label": digits.target[rows].tolist()}, features=features
+        )
+
+    return datasets.DatasetDict({"train": split(train_ids), "test": split(test_ids)})

@@ -1,0 +1,101 @@
+"""CIFAR-style augmentation and normalization on whole uint8 batches.
+
+Random crop with zero padding, horizontal flip and cutout are vectorised over the batch,
+so augmenting costs a few tensor ops per batch instead of PIL work per image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch.utils.data import get_worker_info
+
+
+def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
+    """Pad each side with ``padding`` zeros and crop back to the original size at random offsets."""
+    batch, channels, height, width = images.shape
+    padded = torch.nn.functional.pad(images, (padding,) * 4).flatten(2)
+    top = torch.randint(0, 2 * padding + 1, (batch, 1, 1), generator=generator)
+    left = torch.randint(0, 2 * padding + 1, (batch, 1, 1), generator=generator)
+    # One gather over flattened pixels: ~3x faster than 4-D advanced indexing.
+    rows = (top + torch.arange(height)[:, None]) * (width + 2 * padding)
+    pixels = (rows + left + torch.arange(width)).reshape(batch, 1, height * width)
+    return padded.gather(2, pixels.expand(-1, channels, -1)).reshape(batch, channels, height, width)
+
+
+def random_hflip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Mirror each image left-right with probability 1/2."""
+    flip = torch.rand(images.shape[0], generator=generator) < 0.5
+    out = images.clone()
+    out[flip] = images[flip].flip(-1)
+    return out
+
+
+def cutout(images: torch.Tensor, length: int, generator: torch.Generator) -> torch.Tensor:
+    """Zero a ``length`` x ``length`` square per image, centred at a uniformly random pixel.
+
+    As in DeVries & Taylor (2017): the square is clipped at the border, so it may be
+    smaller there, and it is applied after normalization (zero = the dataset's mean).
+    """
+    batch, _, height, width = images.shape
+    cy = torch.randint(0, height, (batch, 1), generator=generator)
+    cx = torch.randint(0, width, (batch, 1), generator=generator)
+    ys = torch.arange(height) - (cy - length // 2)
+    xs = torch.arange(width) - (cx - length // 2)
+    inside = ((ys >= 0) & (ys < length))[:, :, None] & ((xs >= 0) & (xs < length))[:, None, :]
+    return images.masked_fill(inside[:, None], 0.0)
+
+
+class BatchTransform:
+    """uint8 (B, C, H, W) -> normalized float32, with training augmentation if ``augment``.
+
+    Randomness comes from a private `torch.Generator` seeded with ``seed``, so a run is
+    reproducible whatever else draws from the global RNG. In DataLoader workers each
+    worker reseeds from its own torch-provided seed, so workers do not repeat each other.
+    """
+
+    def __init__(
+        self,
+        mean: Sequence[float],
+        std: Sequence[float],
+        *,
+        augment: bool = False,
+        crop_padding: int = 4,
+        hflip: bool = False,
+        cutout: int = 0,
+        seed: int = 0,
+    ):
+        mean = torch.as_tensor(mean, dtype=torch.float32)
+        std = torch.as_tensor(std, dtype=torch.float32)
+        # (x / 255 - mean) / std as one multiply-add.
+        self.scale = (1.0 / (255.0 * std))[:, None, None]
+        self.shift = (-mean / std)[:, None, None]
+        self.augment = augment
+        self.crop_padding = crop_padding
+        self.hflip = hflip
+        self.cutout = cutout
+        self.generator = torch.Generator().manual_seed(seed)
+        self._worker_seed = None
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        if not self.augment:
+            return images.float() * self.scale + self.shift
+        generator = self._current_generator()
+        if self.crop_padding:
+            images = random_crop(images, self.crop_padding, generator)
+        if self.hflip:
+            images = random_hflip(images, generator)
+        images = images.float() * self.scale + self.shift
+        if self.cutout:
+            images = cutout(images, self.cutout, generator)
+        return images
+
+    def _current_generator(self) -> torch.Generator:
+        worker = get_worker_info()
+        if worker is not None and worker.seed != self._worker_seed:
+            # A worker holds a copy of this object: without a reseed every worker would
+            # draw the same crops as the others.
+            self._worker_seed = worker.seed
+            self.generator = torch.Generator().manual_seed(worker.seed)
+        return self.generator

@@ -1,0 +1,1 @@
+"""Holds the `evaluate` module ``accuracy.py``; `evaluate.load` reads the folder, not this package."""

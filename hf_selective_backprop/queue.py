@@ -28,6 +28,14 @@ class BatchQueue:
             return
         if self._chunks and rows.keys() != self._chunks[0].keys():
             raise ValueError(f"columns {sorted(rows)} differ from queued {sorted(self._chunks[0])}")
+        for key, value in rows.items():
+            if self._chunks and value.shape[1:] != self._chunks[0][key].shape[1:]:
+                raise ValueError(
+                    f"column {key!r} has rows of shape {tuple(value.shape[1:])} here and "
+                    f"{tuple(self._chunks[0][key].shape[1:])} in the queue: selection batches rows from several "
+                    "selection batches together, so every batch must have the same shape per row (pad "
+                    "variable-length inputs to a fixed length, e.g. padding='max_length')"
+                )
         self._chunks.append(rows)
         self._rows += n
 

@@ -72,17 +72,42 @@ class SelectionScorer:
         model.train(self.mode == "train")
         try:
             with self._grad_context(), self._precision_context(labels.device):
-                try:
-                    outputs = model(**inputs)
-                except RuntimeError as error:
-                    if self.scale != 1.0:
-                        raise ValueError(
-                            f"the model cannot take inputs rescaled by --sb_selection_scale {self.scale}: {error}"
-                        ) from error
-                    raise
+                outputs = self._forward(model, inputs)
                 losses = self.loss_fn(outputs, labels).float()
         finally:
             model.train(was_training)
         if self.inference_mode:
             losses = losses.clone()
         return losses
+
+    def _forward(self, model: torch.nn.Module, inputs: dict):
+        try:
+            return model(**inputs)
+        except (RuntimeError, AssertionError) as error:
+            # Shape errors: a mismatched matmul (RuntimeError) or a fixed-size check such as
+            # timm's ViT patch embedding (AssertionError).
+            if self.scale != 1.0:
+                raise ValueError(
+                    f"the model cannot take inputs rescaled by --sb_selection_scale {self.scale} "
+                    f"({type(error).__name__}: {error}); use --sb_selection_scale 1 for this model"
+                ) from error
+            raise
+
+    def check_inputs(self, model: torch.nn.Module, inputs: dict) -> None:
+        """Raise the selection forward's input errors now, on a few rows (e.g. one example).
+
+        Only the input options (scale, channels_last) can make a forward fail that training's
+        forward passes, so only they are checked: one eval-mode forward without gradients, on
+        the inputs as the selection pass prepares them. Mode and BatchNorm statistics are
+        left as they were. A no-op without those options.
+        """
+        if self.scale == 1.0 and not self.channels_last:
+            return
+        inputs = self._prepare_inputs({k: v for k, v in inputs.items() if k != self.label_name})
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), self._precision_context(next(iter(inputs.values())).device):
+                self._forward(model, inputs)
+        finally:
+            model.train(was_training)

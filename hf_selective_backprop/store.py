@@ -38,6 +38,13 @@ class LossStore:
         ids, losses = ids[finite], losses[finite]
         if ids.numel() == 0:
             return
+        unique, inverse = torch.unique(ids, return_inverse=True)
+        if unique.numel() != ids.numel():
+            # An id twice in one update (e.g. a DistributedSampler's padding gathered from several ranks):
+            # indexed assignment with repeated indices is undefined in PyTorch, so keep the last explicitly.
+            positions = torch.arange(ids.numel())
+            last = torch.full((unique.numel(),), -1, dtype=torch.int64).scatter_reduce(0, inverse, positions, "amax")
+            ids, losses = ids[last], losses[last]
         self._grow(int(ids.max()) + 1)
         self.losses[ids] = losses
         self.epochs[ids] = epoch

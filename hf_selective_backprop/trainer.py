@@ -16,10 +16,13 @@ import time
 import warnings
 from functools import partial
 
+import numpy
 import torch
+from datasets import Dataset as HFDataset
 from torch.utils.data import Dataset
 from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
 from . import distributed
 from .accounting import COUNTERS, TIMERS, SelectionStats, summarize
@@ -97,7 +100,9 @@ class SelectiveBackpropTrainer(Trainer):
                 "per_example_loss_func=(outputs, labels) -> per-example losses as well"
             )
         self.per_example_loss_func = per_example_loss_func or partial(
-            cross_entropy_per_example, label_smoothing=self.args.label_smoothing_factor
+            cross_entropy_per_example,
+            label_smoothing=self.args.label_smoothing_factor,
+            label_name=self.label_names[0] if self.label_names else "labels",
         )
         self.selector = build_selector(self.args)
         if self.selector is None:
@@ -152,10 +157,13 @@ class SelectiveBackpropTrainer(Trainer):
         self._resume_checkpoint = None
         self._epoch_without_step = False
         self._steps_in_epoch = 0
+        self._epoch_scored = self._epoch_nonfinite = 0
+        self._selection_inputs_checked = False
 
     def get_train_dataloader(self):
         if self.selector is None:
             return super().get_train_dataloader()
+        self._check_train_dataset(self.train_dataset)
         # The loader yields selection batches; training batches are assembled from them.
         train_batch_size = self._train_batch_size
         self._train_batch_size = self._selection_batch_size(train_batch_size)
@@ -163,6 +171,36 @@ class SelectiveBackpropTrainer(Trainer):
             return super().get_train_dataloader()
         finally:
             self._train_batch_size = train_batch_size
+
+    def _check_train_dataset(self, dataset) -> None:
+        """Fail at train start, with the flag to change, on data that selection cannot use.
+
+        Also sizes the Stale-SB store for the largest id up front: grown batch by batch, it would be
+        reallocated each time a larger id shows up (~2.7x its final size at peak, docs/reliability.md).
+        """
+        if dataset is None or not has_length(dataset):
+            return
+        if len(dataset) == 0:
+            raise ValueError("the training dataset is empty")
+        column = self.args.sb_index_column
+        capacity = len(dataset) if isinstance(dataset, _IndexedDataset) else 0
+        if self.args.sb_staleness > 1 and isinstance(dataset, HFDataset) and column in dataset.column_names:
+            # Stale-SB keys stored losses by this column: a duplicate would share (and overwrite) one slot.
+            ids = numpy.asarray(dataset.select_columns([column]).with_format("numpy")[column])
+            if ids.ndim != 1 or ids.dtype.kind not in "iu" or (ids.size and ids.min() < 0):
+                raise ValueError(
+                    f"--sb_index_column {column!r} must hold one non-negative integer id per example for "
+                    f"--sb_staleness > 1, got dtype {ids.dtype} and shape {ids.shape}"
+                )
+            unique = numpy.unique(ids)
+            if unique.size != ids.size:
+                raise ValueError(
+                    f"--sb_index_column {column!r} holds {ids.size - unique.size} duplicate ids: Stale-SB stores "
+                    "one loss per id, so every example needs its own (remove the column to number rows 0..N-1)"
+                )
+            capacity = int(ids.max()) + 1
+        if self.args.sb_staleness > 1 and capacity and len(self.store) == 0:
+            self.store = LossStore(capacity)
 
     def _selection_batch_size(self, train_batch_size: int) -> int:
         if self.args.sb_selection_batch_size is not None:
@@ -176,10 +214,25 @@ class SelectiveBackpropTrainer(Trainer):
         if self.selector is None:
             return values
         num_train_epochs, _, num_examples, num_train_samples, total_batch_size, _, max_steps = values
-        if not len(dataloader):
-            raise ValueError("the training dataset is empty")
         grad_accum = args.gradient_accumulation_steps
         selection_batch_size = self._selection_batch_size(self._train_batch_size)
+        if not has_length(dataloader):
+            # A stream (IterableDataset): the Trainer demands max_steps, so the run is step-based and
+            # its values stand; an epoch is one pass of the stream, of unknown length.
+            self._plan = TrainingPlan(
+                rows_per_epoch=0,
+                selection_batches_per_epoch=sys.maxsize,
+                selection_batch_size=selection_batch_size,
+                rows_per_step=self._train_batch_size * grad_accum,
+                keep=self.selector.expected_keep_fraction(),
+                active_share=1.0,
+                warmup_epochs=args.sb_warmup_epochs,
+            )
+            self._epoch_based = False
+            self._expected_steps = max_steps
+            return values
+        if not len(dataloader):
+            raise ValueError("the training dataset is empty")
         rows_per_epoch = min(
             len(dataloader) * selection_batch_size, math.ceil(num_examples / self.accelerator.num_processes)
         )
@@ -263,6 +316,8 @@ class SelectiveBackpropTrainer(Trainer):
                 self._end_epoch()
                 return [], None
             self._consumed += 1
+            if not self._selection_inputs_checked:
+                self._check_selection_inputs(batch)
             self._enqueue(batch, selecting)
         with self.stats.timer("selection_overhead_seconds"):
             micro_batches = [
@@ -276,12 +331,38 @@ class SelectiveBackpropTrainer(Trainer):
         self._steps_in_epoch += 1
         return micro_batches, self._get_num_items_in_batch(micro_batches, device)
 
+    def _check_selection_inputs(self, batch: dict) -> None:
+        """At the run's first batch, one selection forward on one example: a model that cannot take
+        --sb_selection_scale / --sb_selection_channels_last inputs fails now, not when the schedule
+        (sb_start, warm-up epochs) first turns selection on."""
+        self._selection_inputs_checked = True
+        if self.selector.needs_losses:
+            inputs = {k: v[:1] for k, v in batch.items() if k != self.args.sb_index_column}
+            self.scorer.check_inputs(self._selection_model(), inputs)
+
     def _end_epoch(self) -> None:
+        self._fail_if_every_loss_was_nonfinite()
         self._epoch_without_step = self._steps_in_epoch == 0
         self.control.should_epoch_stop = True
         self._epoch += 1
         self._consumed = 0
         self._steps_in_epoch = 0
+        self._epoch_scored = self._epoch_nonfinite = 0
+
+    def _fail_if_every_loss_was_nonfinite(self) -> None:
+        """Stop a run that cannot progress: every loss scored this epoch (on some rank) was NaN/inf.
+
+        Such rows are never kept, so nothing is trained; a step-based run would read epochs forever.
+        """
+        stuck = self._epoch_scored > 0 and self._epoch_nonfinite == self._epoch_scored
+        if distributed.all_true(self.accelerator, not stuck):
+            return
+        raise RuntimeError(
+            f"every per-example loss scored in epoch {self._epoch} was NaN or inf (this process: "
+            f"{self._epoch_nonfinite} of {self._epoch_scored} non-finite): selection never keeps such "
+            "examples, so training cannot make progress. The model's outputs are non-finite (diverged "
+            "weights, a too-high learning rate, or broken inputs/labels)."
+        )
 
     def _skip_batches(self, epoch_iterator) -> None:
         """Fast-forward a resumed epoch past the selection batches read before the checkpoint."""
@@ -315,11 +396,16 @@ class SelectiveBackpropTrainer(Trainer):
                 losses = losses.cpu()
                 population = None
                 if self.args.sb_history_scope == "global":
-                    population = distributed.gather_pairs(self.accelerator, batch[self.args.sb_index_column], losses)[1]
+                    # A stream without ids gathers placeholder ids: only the losses are used here.
+                    ids = batch.get(self.args.sb_index_column, torch.zeros(size, dtype=torch.int64))
+                    population = distributed.gather_pairs(self.accelerator, ids, losses)[1]
                 selection = self.selector.select(losses, self.generator, population=population)
                 self.stats.considered += size
                 self.stats.kept += selection.indices.numel()
-                self.stats.nonfinite_losses += int((~torch.isfinite(losses)).sum())
+                nonfinite = int((~torch.isfinite(losses)).sum())
+                self.stats.nonfinite_losses += nonfinite
+                self._epoch_scored += size
+                self._epoch_nonfinite += nonfinite
                 indices = selection.indices.to(_batch_device(batch))
                 rows = {key: value[indices] for key, value in batch.items()}
                 if selection.weights is not None:
@@ -333,7 +419,7 @@ class SelectiveBackpropTrainer(Trainer):
         size = _batch_length(batch)
         if not self.selector.needs_losses:
             return torch.zeros(size)
-        ids = batch[self.args.sb_index_column]
+        ids = batch.get(self.args.sb_index_column)  # None for a stream without ids (plain SB only)
         if self.args.sb_staleness == 1:
             return self._score(batch, ids)
         if not self._is_stale_epoch():
@@ -399,6 +485,15 @@ class SelectiveBackpropTrainer(Trainer):
                 # Trainer passes one (the loss is then already scaled for accumulation).
                 denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
                 loss = (per_example * weights).sum() / torch.as_tensor(denominator).clamp_min(1)
+                if (
+                    self.args.average_tokens_across_devices
+                    and (self.model_accepts_loss_kwargs or self.compute_loss_func)
+                    and num_items_in_batch is not None
+                ):
+                    # The count is then summed over ranks, and DDP averages gradients over ranks:
+                    # scale back up exactly as Trainer.compute_loss scales the model's own loss.
+                    n_gpu = self.args.n_gpu
+                    loss = loss * (self.accelerator.num_processes // self.get_tp_size() if n_gpu <= 1 else n_gpu)
             if self._refreshes_store() and ids is not None:
                 # A trained example's training-forward loss is fresher than its stored one.
                 self._record(ids, per_example.detach().float().cpu())
@@ -421,10 +516,15 @@ class SelectiveBackpropTrainer(Trainer):
     # ---- accounting -------------------------------------------------------------------------
 
     def selection_summary(self) -> dict:
-        """Counters summed over processes plus derived figures (collective: call on every rank)."""
+        """Counters summed over processes plus derived figures (collective: call on every rank).
+
+        ``optimizer_steps`` is not summed: every rank takes each step together (the same number
+        on each), so examples backpropagated = optimizer_steps x batch x accumulation x processes.
+        """
         state = self.stats.state_dict()
         totals = distributed.sum_over_processes(self.accelerator, {k: state[k] for k in COUNTERS})
         totals = {k: int(v) for k, v in totals.items()}
+        totals["optimizer_steps"] = int(state["optimizer_steps"])
         totals.update({k: state[k] for k in TIMERS})
         wall = time.perf_counter() - getattr(self, "_train_start", time.perf_counter())
         return summarize(totals, wall)
@@ -435,8 +535,16 @@ class SelectiveBackpropTrainer(Trainer):
             logs = {**logs, **{f"sb/{k}": v for k, v in summary.items()}}
         super().log(logs, start_time)
 
-    def train(self, *args, **kwargs):
-        output = super().train(*args, **kwargs)
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        if self.selector is not None and resume_from_checkpoint is True:
+            # transformers picks the highest checkpoint-N folder, even one a killed run left half
+            # written; take the last one whose trainer_state.json (written last) and sb_state.pt exist.
+            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(
+                    f"No complete checkpoint (with {TRAINER_STATE_NAME} and {STATE_FILE}) in {self.args.output_dir}"
+                )
+        output = super().train(resume_from_checkpoint, *args, **kwargs)
         if self.selector is not None:
             summary = self.selection_summary()
             summary["strategy"] = self.args.sb_strategy
@@ -454,12 +562,17 @@ class SelectiveBackpropTrainer(Trainer):
         if self.selector is None:
             return super()._save_checkpoint(model, trial)
         with self.stats.timer("save_seconds"):
-            super()._save_checkpoint(model, trial)
+            # Selection state first: the Trainer writes trainer_state.json after the weights, optimizer
+            # and RNG files and rotates old checkpoints only after that, so trainer_state.json marks a
+            # complete checkpoint and a kill mid-save never leaves only incomplete ones (docs/reliability.md).
             folder = os.path.join(self._get_output_dir(trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
             if self.args.should_save:
-                torch.save(self._shared_state(), os.path.join(folder, STATE_FILE))
-            torch.save(self._rank_state(), os.path.join(folder, RANK_STATE_FILE.format(rank=self.args.process_index)))
+                _atomic_save(self._shared_state(), os.path.join(folder, STATE_FILE))
+            _atomic_save(self._rank_state(), os.path.join(folder, RANK_STATE_FILE.format(rank=self.args.process_index)))
+            if self.accelerator.num_processes > 1:
+                self.accelerator.wait_for_everyone()
+            super()._save_checkpoint(model, trial)
 
     def _shared_state(self) -> dict:
         """State that is identical on every rank: saved once."""
@@ -476,6 +589,8 @@ class SelectiveBackpropTrainer(Trainer):
             "generator": self.generator.get_state(),
             "queue": self.queue.state_dict(),
             "stats": self.stats.state_dict(),
+            # Per rank too: a 'local' history scope (or kath18's running tau) differs between ranks.
+            "selector": self.selector.state_dict(),
         }
 
     def _load_selection_state(self, checkpoint: str) -> None:
@@ -492,24 +607,106 @@ class SelectiveBackpropTrainer(Trainer):
         self._epoch, self._skip_on_resume = shared["epoch"], shared["consumed"]
         self._resume_checkpoint = checkpoint
         rank_path = os.path.join(checkpoint, RANK_STATE_FILE.format(rank=self.args.process_index))
-        if shared["world_size"] == self.accelerator.num_processes and os.path.isfile(rank_path):
+        if shared["world_size"] == self.accelerator.num_processes and not os.path.isfile(rank_path):
+            raise FileNotFoundError(
+                f"{checkpoint} has no {os.path.basename(rank_path)}: this process's queue, generator and counters "
+                "cannot be restored, so the resumed run would not continue the saved one"
+            )
+        if shared["world_size"] == self.accelerator.num_processes:
             rank = torch.load(rank_path, weights_only=False)
             self.generator.set_state(rank["generator"])
-            self.queue.load_state_dict(rank["queue"])
+            self._push_saved_queue(rank["queue"])
             self.stats.load_state_dict(rank["stats"])
+            if "selector" in rank:
+                self.selector.load_state_dict(rank["selector"])
         else:
-            warnings.warn(
-                f"{checkpoint} was saved by {shared['world_size']} processes and this run has "
-                f"{self.accelerator.num_processes}: the shared loss history and store are restored, but "
-                "each process starts with an empty queue and a freshly seeded generator",
-                stacklevel=2,
-            )
+            self._adopt_rank_states(checkpoint, shared["world_size"])
+
+    def _push_saved_queue(self, state: dict) -> None:
+        # Saved rows are on the CPU; new rows arrive on the device, and a popped batch may join both.
+        self.queue.clear()
+        self.queue.push({key: value.to(self.args.device) for key, value in state["rows"].items()})
+
+    def _adopt_rank_states(self, checkpoint: str, old_world: int) -> None:
+        """Resume with another number of processes than the checkpoint was saved by.
+
+        Every rank reads the same number of selection batches, dealt in turn from one shuffled
+        order that does not depend on the number of processes: ``consumed`` batches per old rank
+        are ``consumed * old_world`` batches of that order, so each new rank skips
+        ``floor(consumed * old_world / world)`` (rounding down re-reads at most one batch per
+        rank instead of skipping unread ones). Old rank r's queued rows and counters go to new
+        rank ``r % world``; new rank r continues old rank r's generator and selector state.
+        """
+        world, rank = self.accelerator.num_processes, self.args.process_index
+        self._skip_on_resume = self._skip_on_resume * old_world // world
+        adopted = []
+        for old_rank in range(rank, old_world, world):
+            path = os.path.join(checkpoint, RANK_STATE_FILE.format(rank=old_rank))
+            if os.path.isfile(path):
+                adopted.append((old_rank, torch.load(path, weights_only=False)))
+        self.queue.clear()
+        for old_rank, state in adopted:
+            self.queue.push({key: value.to(self.args.device) for key, value in state["queue"]["rows"].items()})
+            if old_rank == rank:
+                self.generator.set_state(state["generator"])
+                if "selector" in state:
+                    self.selector.load_state_dict(state["selector"])
+        if adopted:
+            merged = {name: 0 for name in COUNTERS}
+            for _, state in adopted:
+                for name in COUNTERS:
+                    merged[name] += state["stats"].get(name, 0)
+            # A step is taken by all ranks together; times are per process.
+            merged["optimizer_steps"] = max(state["stats"].get("optimizer_steps", 0) for _, state in adopted)
+            for name in TIMERS:
+                merged[name] = max(state["stats"].get(name, 0.0) for _, state in adopted)
+            self.stats.load_state_dict(merged)
+        warnings.warn(
+            f"{checkpoint} was saved by {old_world} processes and this run has {world}: the shared loss "
+            f"history and store are restored; this process takes over the queued rows and counters of old "
+            f"rank(s) {[old for old, _ in adopted]} and skips {self._skip_on_resume} selection batches of the "
+            "resumed epoch. The run continues, but not bit for bit as it would have with the same processes.",
+            stacklevel=2,
+        )
 
 
 def _lambda_at_progress(fn, trainer: SelectiveBackpropTrainer, total_steps: int, step: int) -> float:
     if not trainer._epoch_based:
         return fn(step)
     return fn(round(trainer.training_progress() * total_steps))
+
+
+def _atomic_save(obj, path: str) -> None:
+    """torch.save through a temporary file, so ``path`` is never a truncated file."""
+    partial_path = f"{path}.partial"
+    torch.save(obj, partial_path)
+    os.replace(partial_path, path)
+
+
+def is_complete_checkpoint(folder: str) -> bool:
+    """True if ``folder`` holds the selection state and a readable trainer_state.json (written last)."""
+    state = os.path.join(folder, TRAINER_STATE_NAME)
+    if not (os.path.isfile(os.path.join(folder, STATE_FILE)) and os.path.isfile(state)):
+        return False
+    try:
+        with open(state) as handle:
+            json.load(handle)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def last_complete_checkpoint(output_dir: str) -> str | None:
+    """The highest-step ``checkpoint-N`` folder of ``output_dir`` that is complete, or None."""
+    if not os.path.isdir(output_dir):
+        return None
+    steps = []
+    for name in os.listdir(output_dir):
+        prefix, _, step = name.rpartition("-")
+        if prefix == PREFIX_CHECKPOINT_DIR and step.isdigit():
+            if is_complete_checkpoint(os.path.join(output_dir, name)):
+                steps.append(int(step))
+    return os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{max(steps)}") if steps else None
 
 
 def _batch_length(batch: dict) -> int:

@@ -1,0 +1,217 @@
+"""One process of a small multi-process SelectiveBackpropTrainer run.
+
+Launched by ``tests/test_distributed.py`` through ``torchrun`` / ``accelerate launch`` (or
+plainly, for one process). Trains a tiny MLP on synthetic data built from a fixed seed, then
+writes what the test compares between ranks to ``<out>/rank{rank}.pt``.
+
+Loss modes (``--loss``), all through ``per_example_loss_func``:
+
+- ``ce``: per-example cross-entropy, the model's own loss.
+- ``uneven``: cross-entropy plus 100 on rank 1 only, so rank 1 keeps nearly every example and
+  rank 0 few: the ranks' queues fill at very different rates.
+- ``id``: labels encode the example id (``label = id * CLASSES + class``) and the per-example
+  loss is a known function of the id, ``id_loss(id)``: a stored loss can be checked against
+  the example it is stored for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import warnings
+
+import torch
+import torch.nn.functional as F
+from datasets import Dataset
+from torch import nn
+from transformers import Trainer
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer  # noqa: E402
+from hf_selective_backprop.trainer import WEIGHT_KEY  # noqa: E402
+
+CLASSES = 4
+FEATURES = 8
+
+
+def id_loss(ids: torch.Tensor) -> torch.Tensor:
+    """A loss that is a known, non-monotone function of the example id (exact in float32)."""
+    return ((ids.long() * 37) % 101).float() / 8.0
+
+
+class TinyMLP(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, CLASSES))
+
+    def forward(self, x, labels=None, num_items_in_batch=None, **kwargs):
+        # Takes loss kwargs like transformers' models: the Trainer then passes the step's item
+        # count summed over ranks and scales the loss by the number of processes.
+        logits = self.net(x)
+        outputs = {"logits": logits}
+        if labels is not None:
+            losses = F.cross_entropy(logits, labels % CLASSES, reduction="none")
+            outputs["loss"] = losses.sum() / num_items_in_batch if num_items_in_batch is not None else losses.mean()
+        return outputs
+
+
+def make_dataset(n: int, encode_ids: bool) -> Dataset:
+    generator = torch.Generator().manual_seed(1234)
+    x = torch.randn(n, FEATURES, generator=generator)
+    w = torch.randn(FEATURES, CLASSES, generator=generator)
+    labels = (x @ w).argmax(1)
+    noisy = torch.rand(n, generator=generator) < 0.3
+    labels[noisy] = torch.randint(CLASSES, (int(noisy.sum()),), generator=generator)
+    if encode_ids:
+        labels = torch.arange(n) * CLASSES + labels
+    return Dataset.from_dict({"x": x.tolist(), "labels": labels.tolist()}).with_format("torch")
+
+
+def make_loss_func(mode: str, rank: int):
+    def per_example_loss(outputs, labels):
+        if mode == "id":
+            return id_loss(torch.div(labels, CLASSES, rounding_mode="floor")).to(labels.device)
+        losses = F.cross_entropy(outputs["logits"].float(), labels % CLASSES, reduction="none")
+        if mode == "uneven" and rank == 1:
+            losses = losses + 100.0
+        return losses
+
+    return per_example_loss
+
+
+class RecordingTrainer(SelectiveBackpropTrainer):
+    """Records what each rank scored and read, and what a resume restored."""
+
+    def _reset_selection_state(self):
+        super()._reset_selection_state()
+        self.selection_losses = []  # losses of each selection batch, in order
+        self.read = []  # (epoch, ids) of each selection batch read
+        self.restored = None
+
+    def _losses_for(self, batch):
+        losses = super()._losses_for(batch)
+        self.selection_losses.append(losses.detach().cpu().clone())
+        return losses
+
+    def _enqueue(self, batch, selecting):
+        self.read.append((self._epoch, batch[self.args.sb_index_column].cpu().clone()))
+        return super()._enqueue(batch, selecting)
+
+    def _load_selection_state(self, checkpoint):
+        super()._load_selection_state(checkpoint)
+        self.restored = {
+            "selector": self.selector.state_dict(),
+            "store": self.store.state_dict(),
+            "epoch": self._epoch,
+            "skip": self._skip_on_resume,
+            "queue": len(self.queue),
+        }
+
+
+def weighted_loss_check(trainer, dataset, rank: int) -> dict:
+    """The loss with all-one selection weights next to the model's own loss on the same rows.
+
+    Both get the item count of the (here 4-row) batches of all ranks, as in a real step.
+    """
+    device = trainer.args.device
+    rows = dataset[4 * rank : 4 * rank + 4]
+    inputs = {"x": rows["x"].to(device), "labels": rows["labels"].to(device)}
+    num_items = trainer._get_num_items_in_batch([inputs], device)  # a collective, on every rank
+    module = trainer.accelerator.unwrap_model(trainer.model_wrapped).train()
+    trainer.per_example_loss_func = make_loss_func("ce", rank)
+    with torch.no_grad():
+        reference = Trainer.compute_loss(trainer, module, dict(inputs), num_items_in_batch=num_items)
+        weights = torch.ones(4, device=device)
+        weighted = trainer.compute_loss(module, {**inputs, WEIGHT_KEY: weights}, num_items_in_batch=num_items)
+    return {"reference": float(reference), "weighted": float(weighted), "num_items": float(num_items)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True, help="folder for rank{rank}.pt and the Trainer's output_dir")
+    parser.add_argument("--loss", choices=["ce", "uneven", "id"], default="ce")
+    parser.add_argument("--examples", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--grad-accum", type=int, default=1)
+    parser.add_argument("--epochs", type=float, default=2)
+    parser.add_argument("--keep", type=float, default=1 / 3)
+    parser.add_argument("--history", type=int, default=1024)
+    parser.add_argument("--scope", choices=["global", "local"], default="global")
+    parser.add_argument("--staleness", type=int, default=1)
+    parser.add_argument("--save-steps", type=int, default=0)
+    parser.add_argument("--resume", default=None)
+    args = parser.parse_args()
+
+    rank = int(os.environ.get("RANK", "0"))
+    config = SelectiveBackpropConfig(
+        output_dir=os.path.join(args.out, "trainer"),
+        use_cpu=True,
+        seed=0,
+        per_device_train_batch_size=args.batch,
+        gradient_accumulation_steps=args.grad_accum,
+        num_train_epochs=args.epochs,
+        learning_rate=0.05,
+        lr_scheduler_type="constant",
+        logging_steps=2,
+        save_strategy="steps" if args.save_steps else "no",
+        save_steps=args.save_steps or 500,
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        sb_strategy="sb",
+        sb_keep=args.keep,
+        sb_history_size=args.history,
+        sb_history_scope=args.scope,
+        sb_staleness=args.staleness,
+    )
+    torch.manual_seed(0)
+    model = TinyMLP()
+    dataset = make_dataset(args.examples, encode_ids=args.loss == "id")
+    trainer = RecordingTrainer(
+        model=model,
+        args=config,
+        train_dataset=dataset,
+        per_example_loss_func=make_loss_func(args.loss, rank),
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train(resume_from_checkpoint=args.resume)
+    assert rank == trainer.args.process_index
+
+    history = getattr(trainer.selector, "history", None)
+    result = {
+        "rank": rank,
+        "world_size": trainer.accelerator.num_processes,
+        "distributed_type": str(trainer.accelerator.distributed_type),
+        "weights": {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()},
+        "global_step": trainer.state.global_step,
+        "history": history.values() if history is not None else None,
+        "store": trainer.store.state_dict(),
+        "queue": len(trainer.queue),
+        "stats": trainer.stats.state_dict(),
+        "sb_stats": trainer.sb_stats,
+        "selection_losses": trainer.selection_losses,
+        "read": trainer.read,
+        "restored": trainer.restored,
+        "selection_batches_per_epoch": trainer._plan.selection_batches_per_epoch,
+        "rows_per_epoch": trainer._plan.rows_per_epoch,
+        "warnings": [str(w.message) for w in caught],
+    }
+    result["weighted_loss"] = weighted_loss_check(trainer, dataset, rank)  # after the store is copied
+    os.makedirs(args.out, exist_ok=True)
+    torch.save(result, os.path.join(args.out, f"rank{rank}.pt"))
+    digest = hashlib.sha256(b"".join(v.numpy().tobytes() for v in result["weights"].values())).hexdigest()
+    print(
+        f"rank {rank}/{result['world_size']} {result['distributed_type']} backend="
+        f"{torch.distributed.get_backend() if torch.distributed.is_initialized() else None} "
+        f"global_step={result['global_step']} kept={result['stats']['kept']} queue={result['queue']} "
+        f"weights_sha256={digest[:16]}",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""Multi-process runs: 2 CPU processes over gloo, launched by torchrun and by accelerate launch.
+
+Each run is one launch of ``tests/dist_worker.py`` (a tiny MLP on synthetic data) that writes
+``rank{r}.pt`` per process; the tests compare what the ranks wrote. A launch that hangs is
+killed after ``TIMEOUT`` seconds and fails the test instead of blocking the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dist_worker import id_loss  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = ROOT / "tests" / "dist_worker.py"
+ACCELERATE_CONFIG = ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"
+TIMEOUT = 240
+EXAMPLES = 256
+
+pytestmark = pytest.mark.slow
+
+# Rank 1's per-example losses are shifted by +100: it keeps ~3x as many rows as rank 0, so the
+# ranks' queues fill at very different rates. Batch 4 x 2 accumulation steps; history of 300
+# (smaller than the 512 losses of the run, so the ring buffer wraps).
+UNEVEN = ["--loss", "uneven", "--keep", "0.5", "--batch", "4", "--grad-accum", "2", "--history", "300"]
+UNEVEN_EPOCHS = 2
+# Stale-SB (n = 2) with losses that are a known function of the id, local history scope and a
+# checkpoint every 7 steps (step 7 falls mid-way through the stale epoch 1).
+STALE = ["--loss", "id", "--staleness", "2", "--scope", "local", "--epochs", "4", "--batch", "4",
+         "--grad-accum", "2", "--save-steps", "7"]  # fmt: skip
+STALE_EPOCHS = 4
+CHECKPOINT_STEP = 7
+
+
+def _launch(out: Path, args: list[str], launcher: str = "torchrun") -> list[dict]:
+    """Run the worker and return each rank's results; fail on error or timeout (a hang)."""
+    if launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    elif launcher == "accelerate":
+        accelerate = Path(sys.executable).parent / "accelerate"
+        cmd = [str(accelerate), "launch", "--config_file", str(ACCELERATE_CONFIG)]
+    else:  # one plain process
+        cmd = [sys.executable]
+    cmd += [str(WORKER), "--out", str(out), *args]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    # A new session, so that a hung launch can be killed with all the workers it started.
+    process = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        output, _ = process.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish in {TIMEOUT} s (hang?):\n{output[-4000:]}")
+    if process.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited with {process.returncode}:\n{output[-4000:]}")
+    files = sorted(out.glob("rank*.pt"))
+    return [torch.load(path, weights_only=False) for path in files]
+
+
+def _same_weights(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _same_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0))
+
+
+def _stats_json(out: Path) -> dict:
+    return json.loads((out / "trainer" / "sb_stats.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uneven")
+    return out, _launch(out, UNEVEN + ["--epochs", str(UNEVEN_EPOCHS)])
+
+
+@pytest.fixture(scope="module")
+def stale(tmp_path_factory):
+    out = tmp_path_factory.mktemp("stale")
+    return out, _launch(out, STALE)
+
+
+def _checkpoint(stale_out: Path) -> Path:
+    return stale_out / "trainer" / f"checkpoint-{CHECKPOINT_STEP}"
+
+
+# ---- lockstep under uneven selection ------------------------------------------------------
+
+
+def test_uneven_selection_keeps_ranks_in_lockstep(uneven):
+    _, ranks = uneven
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(r["world_size"] == 2 and r["distributed_type"] == "DistributedType.MULTI_CPU" for r in ranks)
+    kept = [r["stats"]["kept"] for r in ranks]
+    # The scenario is really uneven: rank 1 selects far more than rank 0 ...
+    assert kept[1] > 2 * kept[0] > 0, kept
+    assert ranks[1]["queue"] > ranks[0]["queue"]
+    # ... yet both took the same optimizer steps and hold the same weights.
+    steps = [r["global_step"] for r in ranks]
+    assert steps[0] == steps[1] > 0
+    assert [r["stats"]["optimizer_steps"] for r in ranks] == steps
+    assert _same_weights(ranks[0]["weights"], ranks[1]["weights"])
+
+
+def test_global_history_is_the_union_of_all_ranks_losses(uneven):
+    _, ranks = uneven
+    batches = [r["selection_losses"] for r in ranks]
+    assert len(batches[0]) == len(batches[1]) == ranks[0]["selection_batches_per_epoch"] * UNEVEN_EPOCHS
+    # Per selection batch: rank 0's losses, then rank 1's; the ring buffer keeps the last 300.
+    union = torch.cat([torch.cat(pair) for pair in zip(*batches, strict=True)])
+    for r in ranks:
+        assert r["history"].numel() == 300
+        assert torch.equal(r["history"], union[-300:])
+
+
+def test_weighted_loss_has_the_models_scale_across_ranks(uneven):
+    """All-one selection weights give the model's own loss. The worker's model takes loss kwargs
+    (like transformers' models), so the step's item count is summed over ranks and the Trainer
+    multiplies the loss by the number of processes; a weighted loss that missed that factor
+    would train with 1/world_size of the gradient."""
+    _, ranks = uneven
+    for r in ranks:
+        check = r["weighted_loss"]
+        assert check["num_items"] == 8  # 4 rows on each of the 2 ranks
+        assert check["weighted"] == pytest.approx(check["reference"], rel=1e-6)
+
+
+def test_local_history_holds_only_the_ranks_own_losses(stale):
+    _, ranks = stale
+    for r in ranks:
+        own = torch.cat(r["selection_losses"])  # scored and (stale epochs) looked-up losses
+        size = r["history"].numel()
+        assert size == min(own.numel(), 1024)
+        assert torch.equal(r["history"], own[-size:])
+    assert not torch.equal(ranks[0]["history"], ranks[1]["history"])
+
+
+# ---- Stale-SB store ------------------------------------------------------------------------
+
+
+def test_stale_store_is_identical_on_every_rank_and_aligned_with_ids(stale):
+    _, ranks = stale
+    store = ranks[0]["store"]
+    assert _same_nan(store["losses"], ranks[1]["store"]["losses"])
+    assert torch.equal(store["epochs"], ranks[1]["store"]["epochs"])
+    ids = torch.arange(EXAMPLES)
+    assert store["losses"].numel() == EXAMPLES
+    # Every example was stored with the loss of its own id (a misaligned row would not match).
+    assert torch.equal(store["losses"], id_loss(ids))
+    # Epoch 2 scored everything; in the stale epoch 3 the trained rows were refreshed.
+    assert set(store["epochs"].tolist()) == {2, 3}
+    assert all(r["stats"]["stale_lookups"] > 0 for r in ranks)
+
+
+# ---- accounting ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("run, batch, grad_accum, epochs", [("uneven", 4, 2, UNEVEN_EPOCHS), ("stale", 4, 2, 4)])
+def test_accounting_is_summed_over_ranks(run, batch, grad_accum, epochs, request):
+    out, ranks = request.getfixturevalue(run)
+    stats = _stats_json(out)
+    rows_per_rank = ranks[0]["rows_per_epoch"] * epochs
+    assert stats["examples_seen"] == 2 * rows_per_rank == sum(r["stats"]["examples_seen"] for r in ranks)
+    assert stats["optimizer_steps"] == ranks[0]["global_step"]
+    assert stats["backwards"] == stats["optimizer_steps"] * batch * grad_accum * 2
+    assert stats["kept"] == sum(r["stats"]["kept"] for r in ranks)
+    assert stats["selection_forwards"] + stats["stale_lookups"] == stats["considered"] == stats["examples_seen"]
+
+
+# ---- determinism and launchers -------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def uneven_by_accelerate(tmp_path_factory):
+    """The `uneven` run again, launched by `accelerate launch --config_file configs/accelerate/cpu_2proc.yaml`."""
+    out = tmp_path_factory.mktemp("uneven_accelerate")
+    return out, _launch(out, UNEVEN + ["--epochs", str(UNEVEN_EPOCHS)], launcher="accelerate")
+
+
+def test_accelerate_launch_starts_two_gloo_processes(uneven_by_accelerate):
+    _, ranks = uneven_by_accelerate
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert all(r["world_size"] == 2 and r["distributed_type"] == "DistributedType.MULTI_CPU" for r in ranks)
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
+    assert _same_weights(ranks[0]["weights"], ranks[1]["weights"])
+
+
+def test_two_identical_runs_give_identical_weights(uneven, uneven_by_accelerate):
+    """Same worker, arguments, seed and 2 gloo processes; only the launcher differs (one launch
+    fewer than a second torchrun run, and it shows the launcher changes nothing)."""
+    _, first = uneven
+    _, second = uneven_by_accelerate
+    for a, b in zip(first, second, strict=True):
+        assert a["global_step"] == b["global_step"]
+        assert _same_weights(a["weights"], b["weights"])
+        assert torch.equal(a["history"], b["history"])
+        assert _same_nan(a["store"]["losses"], b["store"]["losses"])
+        assert a["stats"]["kept"] == b["stats"]["kept"] and a["queue"] == b["queue"]
+
+
+# ---- checkpoints ---------------------------------------------------------------------------
+
+
+def test_checkpoint_layout_and_mid_epoch_position(stale):
+    out, ranks = stale
+    folder = _checkpoint(out)
+    names = {path.name for path in folder.iterdir()}
+    assert {"sb_state.pt", "sb_rank_state_0.pt", "sb_rank_state_1.pt"} <= names
+    shared = torch.load(folder / "sb_state.pt", weights_only=False)
+    assert shared["world_size"] == 2
+    assert shared["epoch"] == 1  # a stale epoch: the resumed run selects from the restored store
+    assert 0 < shared["consumed"] < ranks[0]["selection_batches_per_epoch"]
+
+
+def test_resume_in_two_processes_continues_exactly(stale, tmp_path):
+    out, finished = stale
+    resumed = _launch(tmp_path, STALE + ["--resume", str(_checkpoint(out))])
+    shared = torch.load(_checkpoint(out) / "sb_state.pt", weights_only=False)
+    for a, b in zip(finished, resumed, strict=True):
+        assert b["restored"]["epoch"] == shared["epoch"] and b["restored"]["skip"] == shared["consumed"]
+        assert not any("was saved by" in w for w in b["warnings"])
+        assert a["global_step"] == b["global_step"]
+        assert _same_weights(a["weights"], b["weights"])
+        assert torch.equal(a["history"], b["history"])  # per-rank (local) history restored per rank
+        assert _same_nan(a["store"]["losses"], b["store"]["losses"])
+        assert torch.equal(a["store"]["epochs"], b["store"]["epochs"])
+        assert a["queue"] == b["queue"]
+        counters = ("examples_seen", "kept", "backwards", "optimizer_steps", "selection_forwards", "stale_lookups")
+        assert {k: a["stats"][k] for k in counters} == {k: b["stats"][k] for k in counters}
+
+
+def test_resume_in_one_process_warns_and_continues(stale, tmp_path):
+    out, two = stale
+    folder = _checkpoint(out)
+    (one,) = _launch(tmp_path, STALE + ["--resume", str(folder)], launcher="plain")
+    assert one["world_size"] == 1
+    assert any("was saved by 2 processes and this run has 1" in w for w in one["warnings"])
+    shared = torch.load(folder / "sb_state.pt", weights_only=False)
+    rank_states = [torch.load(folder / f"sb_rank_state_{r}.pt", weights_only=False) for r in range(2)]
+    restored = one["restored"]
+    # The shared store and history come back as saved.
+    assert _same_nan(restored["store"]["losses"], shared["store"]["losses"])
+    assert torch.equal(restored["selector"]["history"]["values"], shared["selector"]["history"]["values"])
+    # Both old ranks' queued rows are taken over.
+    queued = [len(s["queue"]["rows"].get("index", [])) for s in rank_states]
+    assert restored["queue"] == sum(queued)
+    # The position converts: 2 ranks x `consumed` batches each = 2 x consumed batches of one process,
+    # so the resumed epoch reads exactly the examples the two ranks had not read yet.
+    epoch, consumed = shared["epoch"], shared["consumed"]
+    assert restored["epoch"] == epoch and restored["skip"] == 2 * consumed
+    before = [ids for r in two for e, ids in [x for x in r["read"] if x[0] == epoch][:consumed]]
+    after = [ids for e, ids in one["read"] if e == epoch]
+    assert sorted(torch.cat(before + after).tolist()) == list(range(EXAMPLES))
+    # Training went on to the end of the run; the stored losses still belong to their ids.
+    assert one["global_step"] > CHECKPOINT_STEP
+    stats = _stats_json(tmp_path)
+    assert stats["examples_seen"] == EXAMPLES * STALE_EPOCHS
+    assert torch.equal(one["store"]["losses"], id_loss(torch.arange(EXAMPLES)))
+    assert all(torch.isfinite(v).all() for v in one["weights"].values())

@@ -556,6 +556,16 @@ class SelectiveBackpropTrainer(Trainer):
                     json.dump(summary, handle, indent=2, sort_keys=True)
         return output
 
+    def create_model_card(self, *args, **kwargs):
+        # push_to_hub would replace the card that hf_selective_backprop.cards wrote (settings,
+        # savings, accuracy) with the Trainer's generic one; keep ours when it is there.
+        card = os.path.join(self.args.output_dir, "README.md")
+        if os.path.isfile(card):
+            with open(card, encoding="utf-8") as handle:
+                if "selective-backprop" in handle.read():
+                    return
+        super().create_model_card(*args, **kwargs)
+
     # ---- checkpoints --------------------------------------------------------------------------
 
     def _save_checkpoint(self, model, trial):

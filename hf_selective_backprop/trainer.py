@@ -26,6 +26,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
 from . import distributed
 from .accounting import COUNTERS, TIMERS, SelectionStats, summarize
+from .checkpoints import RANK_STATE_FILE, STATE_FILE, atomic_save, last_complete_checkpoint
 from .config import SelectiveBackpropConfig
 from .losses import cross_entropy_per_example
 from .plan import TrainingPlan
@@ -35,8 +36,6 @@ from .scoring import SelectionScorer
 from .selectors import build_selector
 from .store import LossStore
 
-STATE_FILE = "sb_state.pt"
-RANK_STATE_FILE = "sb_rank_state_{rank}.pt"
 STATS_FILE = "sb_stats.json"
 WEIGHT_KEY = "sb_weight"
 
@@ -578,8 +577,8 @@ class SelectiveBackpropTrainer(Trainer):
             folder = os.path.join(self._get_output_dir(trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
             if self.args.should_save:
-                _atomic_save(self._shared_state(), os.path.join(folder, STATE_FILE))
-            _atomic_save(self._rank_state(), os.path.join(folder, RANK_STATE_FILE.format(rank=self.args.process_index)))
+                atomic_save(self._shared_state(), os.path.join(folder, STATE_FILE))
+            atomic_save(self._rank_state(), os.path.join(folder, RANK_STATE_FILE.format(rank=self.args.process_index)))
             if self.accelerator.num_processes > 1:
                 self.accelerator.wait_for_everyone()
             super()._save_checkpoint(model, trial)
@@ -692,39 +691,6 @@ def _column_values(dataset: HFDataset, column: str) -> numpy.ndarray:
     values = dataset.data.column(column).to_numpy()
     mapping = getattr(dataset, "_indices", None)
     return values if mapping is None else values[mapping.column(0).to_numpy()]
-
-
-def _atomic_save(obj, path: str) -> None:
-    """torch.save through a temporary file, so ``path`` is never a truncated file."""
-    partial_path = f"{path}.partial"
-    torch.save(obj, partial_path)
-    os.replace(partial_path, path)
-
-
-def is_complete_checkpoint(folder: str) -> bool:
-    """True if ``folder`` holds the selection state and a readable trainer_state.json (written last)."""
-    state = os.path.join(folder, TRAINER_STATE_NAME)
-    if not (os.path.isfile(os.path.join(folder, STATE_FILE)) and os.path.isfile(state)):
-        return False
-    try:
-        with open(state) as handle:
-            json.load(handle)
-    except (OSError, ValueError):
-        return False
-    return True
-
-
-def last_complete_checkpoint(output_dir: str) -> str | None:
-    """The highest-step ``checkpoint-N`` folder of ``output_dir`` that is complete, or None."""
-    if not os.path.isdir(output_dir):
-        return None
-    steps = []
-    for name in os.listdir(output_dir):
-        prefix, _, step = name.rpartition("-")
-        if prefix == PREFIX_CHECKPOINT_DIR and step.isdigit():
-            if is_complete_checkpoint(os.path.join(output_dir, name)):
-                steps.append(int(step))
-    return os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{max(steps)}") if steps else None
 
 
 def _batch_length(batch: dict) -> int:

@@ -25,13 +25,13 @@ from transformers.trainer_utils import get_last_checkpoint
 
 from hf_selective_backprop import SelectiveBackpropTrainer
 from hf_selective_backprop.accounting import COUNTERS
-from hf_selective_backprop.trainer import (
+from hf_selective_backprop.checkpoints import (
     RANK_STATE_FILE,
     STATE_FILE,
-    STATS_FILE,
     is_complete_checkpoint,
     last_complete_checkpoint,
 )
+from hf_selective_backprop.trainer import STATS_FILE
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 N = 96

@@ -1,0 +1,365 @@
+"""Train strategies and log test accuracy against training time after every epoch.
+
+Training time excludes evaluation (and checkpointing, which benchmarks turn off). Two clocks
+are kept because the benchmark machines are shared: wall time (`time.perf_counter`) and the
+process's CPU time (`time.process_time`, all threads), which another user's load inflates
+less. Evaluation happens after every epoch and its cost on both clocks is subtracted.
+
+Interleaving (`run_interleaved`): on a shared machine the load changes over minutes, so runs
+made one after another are timed under different conditions. Each strategy then trains in
+its own thread and a `Turnstile` lets exactly one of them run at a time, handing over after
+every epoch's evaluation: epoch 1 of A, B, C, then epoch 2 of A, B, C, ... (the A B A B
+order of docs/benchmarking.md). Time spent waiting is excluded from both clocks, and each
+run's global RNG state is saved and restored around its waits, so it draws the same random
+numbers (initialisation, data order, augmentation) as it would alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import platform
+import random
+import shutil
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import TrainerCallback, set_seed
+
+from ..config import SelectiveBackpropConfig
+from ..data import ImageClassificationData
+from ..metrics import compute_metrics
+from ..models import ModelArguments, build_model
+from ..trainer import SelectiveBackpropTrainer
+from .strategies import Strategy
+
+LOG_VERSION = 1
+logger = logging.getLogger(__name__)
+
+
+class Turnstile:
+    """Round-robin turns among named runs: one runs, the others wait."""
+
+    def __init__(self, names):
+        self.order = list(names)
+        self.current = 0
+        self._cond = threading.Condition()
+
+    def wait(self, name: str) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self.order[self.current] == name)
+
+    def pass_on(self, name: str) -> None:
+        with self._cond:
+            self.current = (self.order.index(name) + 1) % len(self.order)
+            self._cond.notify_all()
+
+    def leave(self, name: str) -> None:
+        with self._cond:
+            i = self.order.index(name)
+            self.order.pop(i)
+            if i < self.current:
+                self.current -= 1
+            if self.order:
+                self.current %= len(self.order)
+            self._cond.notify_all()
+
+
+def _rng_state():
+    return torch.get_rng_state(), random.getstate(), np.random.get_state()
+
+
+def _set_rng_state(state) -> None:
+    torch.set_rng_state(state[0])
+    random.setstate(state[1])
+    np.random.set_state(state[2])
+
+
+class _Clock:
+    """Wall and CPU seconds since `start()`, minus excluded spans (evaluation)."""
+
+    def __init__(self):
+        self.wall0 = self.cpu0 = None
+        self.excluded_wall = self.excluded_cpu = 0.0
+
+    def start(self) -> None:
+        self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+
+    def now(self) -> tuple[float, float]:
+        return (
+            time.perf_counter() - self.wall0 - self.excluded_wall,
+            time.process_time() - self.cpu0 - self.excluded_cpu,
+        )
+
+    @contextmanager
+    def excluded(self):
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.excluded_wall += time.perf_counter() - wall
+            self.excluded_cpu += time.process_time() - cpu
+
+
+class _TimingCallback(TrainerCallback):
+    """Starts the clock when the training loop starts; times optimizer steps."""
+
+    def __init__(self, trainer: BenchmarkTrainer):
+        self.trainer = trainer
+        self._step_start = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer.clock.start()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self._step_start = time.perf_counter()
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        if self._step_start is not None:
+            self.trainer.timings["optimizer_seconds"] += time.perf_counter() - self._step_start
+            self._step_start = None
+
+
+class BenchmarkTrainer(SelectiveBackpropTrainer):
+    """Records (epoch, accuracy, training time) at every evaluation, and a time breakdown.
+
+    ``train_step_seconds`` is the training forward + backward (`training_step`),
+    ``optimizer_seconds`` the optimizer step, ``batch_seconds`` the time spent assembling
+    training batches (for Traditional: reading data; for selection strategies it includes
+    the selection forwards and bookkeeping, which `sb_stats` itemises).
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clock = _Clock()
+        self.turnstile: Turnstile | None = None
+        self.run_name = ""
+        self.evals: list[dict] = []
+        self.timings = {"train_step_seconds": 0.0, "optimizer_seconds": 0.0, "batch_seconds": 0.0}
+        self.add_callback(_TimingCallback(self))
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        start = time.perf_counter()
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        finally:
+            self.timings["train_step_seconds"] += time.perf_counter() - start
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        start = time.perf_counter()
+        try:
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        finally:
+            self.timings["batch_seconds"] += time.perf_counter() - start
+
+    def evaluate(self, *args, **kwargs):
+        if self.clock.wall0 is None:
+            return super().evaluate(*args, **kwargs)
+        train_wall, train_cpu = self.clock.now()
+        start = time.perf_counter()
+        with self.clock.excluded():
+            metrics = super().evaluate(*args, **kwargs)
+        self.evals.append(
+            {
+                "epoch": float(self.state.epoch or 0.0),
+                "step": int(self.state.global_step),
+                "accuracy": float(metrics["eval_accuracy"]),
+                "error": 1.0 - float(metrics["eval_accuracy"]),
+                "eval_loss": float(metrics.get("eval_loss", float("nan"))),
+                "train_wall_seconds": train_wall,
+                "train_cpu_seconds": train_cpu,
+                "eval_wall_seconds": time.perf_counter() - start,
+            }
+        )
+        if self.turnstile is not None:
+            with self.clock.excluded():  # waiting for the other runs is no one's training time
+                state = _rng_state()
+                self.turnstile.pass_on(self.run_name)
+                self.turnstile.wait(self.run_name)
+                _set_rng_state(state)
+        return metrics
+
+
+@dataclass
+class RunSettings:
+    """What every strategy of one benchmark shares."""
+
+    output_dir: str
+    num_train_epochs: float
+    seed: int = 42
+    batch_size: int = 128
+    eval_batch_size: int = 256
+    learning_rate: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    lr_scheduler_type: str = "linear"
+
+
+def _own_augmentation(dataset, seed: int):
+    """A view of `dataset` whose augmentation draws from its own generator, seeded as loaded.
+
+    The data is decoded once and shared by every run of a benchmark; without this the runs
+    would share (and, interleaved, interleave) one augmentation random stream.
+    """
+    transform = getattr(dataset, "transform", None)
+    if transform is None or not hasattr(transform, "generator"):
+        return dataset
+    view = copy.copy(dataset)
+    view.transform = copy.copy(transform)
+    view.transform.generator = torch.Generator().manual_seed(seed)
+    return view
+
+
+def make_config(
+    strategy: Strategy, settings: RunSettings, num_train_epochs: float, run_dir: str
+) -> SelectiveBackpropConfig:
+    return SelectiveBackpropConfig(
+        output_dir=run_dir,
+        num_train_epochs=num_train_epochs,
+        per_device_train_batch_size=settings.batch_size,
+        per_device_eval_batch_size=settings.eval_batch_size,
+        learning_rate=settings.learning_rate,
+        weight_decay=settings.weight_decay,
+        optim="sgd",
+        optim_args=f"momentum={settings.momentum}",
+        lr_scheduler_type=settings.lr_scheduler_type,
+        warmup_steps=0,
+        eval_strategy="epoch",
+        save_strategy="no",
+        logging_steps=50,
+        report_to="none",
+        seed=settings.seed,
+        data_seed=settings.seed,
+        use_cpu=not torch.cuda.is_available(),
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **strategy.overrides,
+    )
+
+
+def run_strategy(
+    strategy: Strategy,
+    data: ImageClassificationData,
+    model_args: ModelArguments,
+    settings: RunSettings,
+    num_train_epochs: float,
+    extra: dict | None = None,
+    turnstile: Turnstile | None = None,
+) -> dict:
+    """Train `strategy` for `num_train_epochs` and return its log (what `<name>.json` holds).
+
+    With a `turnstile`, waits for its turn first and hands over after every evaluation.
+    """
+    if turnstile is not None:
+        turnstile.wait(strategy.name)
+    # The Trainer's own output (sb_stats.json, already in the log) stays out of the results folder.
+    run_dir = tempfile.mkdtemp(prefix=f"benchmark-{strategy.name}-")
+    config = make_config(strategy, settings, num_train_epochs, run_dir)
+    set_seed(settings.seed)
+    model = build_model(
+        model_args, data.num_labels, data.image_size, data.mean, data.std, data.num_channels, data.label_names
+    )
+    trainer = BenchmarkTrainer(
+        model=model,
+        args=config,
+        train_dataset=_own_augmentation(data.train, settings.seed),
+        eval_dataset=data.eval,
+        compute_metrics=compute_metrics,
+    )
+    trainer.turnstile, trainer.run_name = turnstile, strategy.name
+    load_before = os.getloadavg()
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    trainer.train()
+    # An epoch-based run ends when its data does; a fractional last epoch still gets evaluated.
+    if not trainer.evals or trainer.evals[-1]["epoch"] < float(trainer.state.epoch or 0.0) - 1e-6:
+        trainer.evaluate()
+    train_wall, train_cpu = trainer.evals[-1]["train_wall_seconds"], trainer.evals[-1]["train_cpu_seconds"]
+    stats = dict(getattr(trainer, "sb_stats", None) or {})
+    rows = len(data.train)
+    epochs = float(trainer.state.epoch or 0.0)
+    if not stats:  # Traditional: every example read is trained, no selection pass.
+        seen = round(epochs * rows)
+        stats = {
+            "strategy": "none",
+            "examples_seen": seen,
+            "selection_forwards": 0,
+            "training_forwards": seen,
+            "backwards": seen,
+            "optimizer_steps": int(trainer.state.global_step),
+            "kept_fraction": 1.0,
+            "data_seconds": trainer.timings["batch_seconds"],
+            "selection_forward_seconds": 0.0,
+            "selection_overhead_seconds": 0.0,
+        }
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return {
+        "version": LOG_VERSION,
+        "strategy": strategy.name,
+        "label": strategy.label,
+        "overrides": strategy.overrides,
+        "cycle": strategy.cycle,
+        "num_train_epochs": num_train_epochs,
+        "epochs_trained": epochs,
+        "train_examples": rows,
+        "eval_examples": len(data.eval) if data.eval is not None else 0,
+        "settings": {k: v for k, v in vars(settings).items() if k != "output_dir"},
+        "model": model_args.model,
+        "dataset": data.dataset_id,
+        "evals": trainer.evals,
+        "train_wall_seconds": train_wall,
+        "train_cpu_seconds": train_cpu,
+        "process_wall_seconds": time.perf_counter() - wall0,
+        "process_cpu_seconds": time.process_time() - cpu0,
+        "timings": trainer.timings,
+        "stats": stats,
+        "interleaved_with": list(turnstile.order) if turnstile is not None else [],
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "loadavg_before": load_before,
+            "loadavg_after": os.getloadavg(),
+        },
+        **(extra or {}),
+    }
+
+
+def write_log(log: dict, path: str) -> None:
+    """Atomically: a killed run never leaves a half-written log that would be skipped."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as handle:
+        json.dump(log, handle, indent=1)
+    os.replace(tmp, path)
+
+
+def run_interleaved(jobs, data, model_args, settings: RunSettings, on_done) -> None:
+    """Train every `(strategy, epochs, extra)` of `jobs` in turns of one epoch (see the module doc).
+
+    `on_done(strategy, log)` runs in the finishing run's thread while it still holds the turn;
+    a run that raises is logged and leaves the rotation without stopping the others.
+    """
+    turnstile = Turnstile([s.name for s, _, _ in jobs])
+
+    def work(strategy, epochs, extra):
+        try:
+            log = run_strategy(strategy, data, model_args, settings, epochs, extra, turnstile)
+            on_done(strategy, log)
+        except Exception:
+            logger.exception("%s failed; the other strategies go on", strategy.name)
+        finally:
+            turnstile.leave(strategy.name)
+
+    threads = [threading.Thread(target=work, args=job, name=f"bench-{job[0].name}") for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()

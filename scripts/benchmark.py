@@ -1,0 +1,27 @@
+"""Time to accuracy of several selection strategies (the paper's Table 1), on one machine.
+
+    python scripts/benchmark.py --dataset ../shared/data/cifar10 --max_train_samples 10000 \
+        --max_eval_samples 2000 --num_train_epochs 12 --output_dir benchmarks/results/cifar10-paper
+    python scripts/benchmark.py --protocol budget --paper_dir benchmarks/results/cifar10-paper \
+        --dataset ../shared/data/cifar10 --max_train_samples 10000 --max_eval_samples 2000 \
+        --output_dir benchmarks/results/cifar10-budget
+    python scripts/benchmark.py --output_dir benchmarks/results/cifar10-paper --report_only
+
+Writes <output_dir>/<strategy>.json (per-epoch log), report.md and PNGs; a strategy whose
+JSON exists is skipped. Every flag: --help. See docs/benchmarks.md.
+"""
+
+import logging
+
+from transformers import HfArgumentParser
+
+from hf_selective_backprop.benchmarks.cli import BenchmarkArguments, main
+from hf_selective_backprop.data import DataArguments
+from hf_selective_backprop.models import ModelArguments
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    benchmark_args, data_args, model_args = HfArgumentParser(
+        (BenchmarkArguments, DataArguments, ModelArguments)
+    ).parse_args_into_dataclasses()
+    print(main(benchmark_args, data_args, model_args))

@@ -2,7 +2,7 @@
 # The benchmark runs quoted in docs/benchmarks.md, in the order they were run (priority
 # order of issue 7). Each command is restartable: a strategy whose <name>.json exists is
 # skipped. Strategies of one command train interleaved, one epoch each in turn.
-# (The second group was launched from benchmarks/run_more.sh once the first had finished.)
+# (The second group was launched separately once the first had finished.)
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
 CIFAR="--dataset ../shared/data/cifar10 --max_train_samples 5000 --max_eval_samples 1000"
@@ -18,7 +18,7 @@ $PY scripts/benchmark.py $MNIST --protocol budget --budget_clock wall --paper_di
     --output_dir $R/mnist-budget --strategies traditional,sb,stale-sb,uniform
 $PY scripts/benchmark.py $CIFAR --protocol budget --paper_dir $R/cifar10-paper --output_dir $R/cifar10-budget \
     --strategies traditional,sb,stale-sb,uniform,sb-warmup
-# --- second group (benchmarks/run_more.sh) ---
+# --- second group ---
 $PY scripts/benchmark.py $MNIST10 --num_train_epochs 5 --output_dir $R/mnist10k-paper \
     --strategies traditional,sb,stale-sb,uniform
 $PY scripts/benchmark.py $MNIST10 --protocol budget --paper_dir $R/mnist10k-paper --output_dir $R/mnist10k-budget \

@@ -624,6 +624,7 @@ class SelectiveBackpropTrainer(Trainer):
         if shared["world_size"] == self.accelerator.num_processes:
             rank = torch.load(rank_path, weights_only=False)
             self.generator.set_state(rank["generator"])
+            self.queue.clear()
             self._push_saved_queue(rank["queue"])
             self.stats.load_state_dict(rank["stats"])
             if "selector" in rank:
@@ -633,7 +634,6 @@ class SelectiveBackpropTrainer(Trainer):
 
     def _push_saved_queue(self, state: dict) -> None:
         # Saved rows are on the CPU; new rows arrive on the device, and a popped batch may join both.
-        self.queue.clear()
         self.queue.push({key: value.to(self.args.device) for key, value in state["rows"].items()})
 
     def _adopt_rank_states(self, checkpoint: str, old_world: int) -> None:
@@ -655,7 +655,7 @@ class SelectiveBackpropTrainer(Trainer):
                 adopted.append((old_rank, torch.load(path, weights_only=False)))
         self.queue.clear()
         for old_rank, state in adopted:
-            self.queue.push({key: value.to(self.args.device) for key, value in state["queue"]["rows"].items()})
+            self._push_saved_queue(state["queue"])
             if old_rank == rank:
                 self.generator.set_state(state["generator"])
                 if "selector" in state:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-STRATEGIES = ("none", "sb", "topk", "composer", "kath18", "uniform")
+from .selectors import strategy_names
+
 SELECTION_MODES = ("eval", "train")
 SELECTION_PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 HISTORY_SCOPES = ("global", "local")
@@ -28,8 +30,8 @@ class SelectiveBackpropConfig(TrainingArguments):
             "help": "Selection strategy: 'none' (Traditional: every example trained, no selection pass), "
             "'sb' (Selective-Backprop: keep with probability CDF(loss)**beta), 'topk' (highest-loss "
             "fraction of each selection batch), 'composer' (MosaicML's rule), 'kath18' (Katharopoulos & "
-            "Fleuret importance sampling) or 'uniform' (random fraction: the control baseline).",
-            "choices": list(STRATEGIES),
+            "Fleuret importance sampling), 'uniform' (random fraction: the control baseline), or the name "
+            "of a strategy registered with hf_selective_backprop.selectors.register_strategy.",
         },
     )
     sb_keep: float | None = field(
@@ -158,8 +160,8 @@ class SelectiveBackpropConfig(TrainingArguments):
         def fail(flag: str, allowed: str, value) -> None:
             raise ValueError(f"--{flag} must be {allowed}, got {value!r}")
 
-        if self.sb_strategy not in STRATEGIES:
-            fail("sb_strategy", f"one of {', '.join(STRATEGIES)}", self.sb_strategy)
+        if self.sb_strategy not in strategy_names():
+            fail("sb_strategy", f"one of {', '.join(strategy_names())} (or a registered strategy)", self.sb_strategy)
         if self.sb_keep is not None and not 0.0 < self.sb_keep <= 1.0:
             fail("sb_keep", "in (0, 1]", self.sb_keep)
         if self.sb_beta is not None and not self.sb_beta > 0:
@@ -221,6 +223,14 @@ class SelectiveBackpropConfig(TrainingArguments):
     def sb_beta_value(self) -> float:
         """beta of 'sb': given, or 1/keep - 1."""
         return self.sb_beta if self.sb_beta is not None else 1.0 / self.sb_keep_fraction - 1.0
+
+    def selection_batch_size(self, train_batch_size: int) -> int:
+        """Rows of one selection batch per device: given, or the training batch ('kath18': presample x it)."""
+        if self.sb_selection_batch_size is not None:
+            return self.sb_selection_batch_size
+        if self.sb_strategy == "kath18":
+            return math.ceil(self.sb_presample_value * train_batch_size)
+        return train_batch_size
 
     @property
     def sb_presample_value(self) -> float:

@@ -54,3 +54,13 @@ def cross_entropy_per_example(
         ignore_index=-100,
         label_smoothing=label_smoothing,
     )
+
+
+def weighted_loss(
+    per_example: torch.Tensor, weights: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None
+) -> torch.Tensor:
+    """Sum of weighted per-example losses over the model's own normaliser: the step's item count
+    when the Trainer passes one (the loss is then already scaled for accumulation), else the
+    batch's non-ignored rows. With all weights 1 it equals the model's mean loss."""
+    denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
+    return (per_example * weights).sum() / torch.as_tensor(denominator).clamp_min(1)

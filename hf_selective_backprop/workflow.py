@@ -64,7 +64,7 @@ def check_output_dir(path: str) -> None:
             f"--output_dir {path!r} cannot be created: {existing} is a file, not a folder; choose another --output_dir"
         )
     if not os.access(existing, os.W_OK | os.X_OK):
-        where = "" if existing == target else f": its parent {existing} is"
+        where = " is" if existing == target else f": its parent {existing} is"
         raise ValueError(f"--output_dir {path!r}{where} not writable by this user; choose a writable --output_dir")
 
 
@@ -131,9 +131,14 @@ def _check_checkpoint(folder: str, flag: str, selective: bool) -> None:
 def train_image_classifier(
     config: SelectiveBackpropConfig, data_args: DataArguments, model_args: ModelArguments
 ) -> RunResult:
-    # Both are cheap, and wrong paths should not cost a decode of the dataset first.
+    # These checks are cheap; none of these mistakes should cost a decode of the dataset first.
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
+    if data_args.eval_split is None and config.eval_strategy != "no":
+        raise ValueError(
+            f"--eval_split none leaves nothing to evaluate, but --eval_strategy is {config.eval_strategy.value!r}; "
+            "add --eval_strategy no, or name an --eval_split"
+        )
     set_seed(config.seed)
     data = load_image_data(data_args, seed=config.seed)
     model = build_model(

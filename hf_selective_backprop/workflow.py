@@ -114,7 +114,10 @@ def _check_checkpoint(folder: str, flag: str, selective: bool) -> None:
         if inside:
             hint = f"it holds {', '.join(inside)}: pass one of them, or True for the last complete one"
         elif missing == [STATE_FILE]:
-            hint = "it was not saved by a selective run (--sb_strategy none or transformers.Trainer)"
+            hint = (
+                "it was saved by a run without selection (--sb_strategy none or transformers.Trainer): "
+                "resume it with --sb_strategy none"
+            )
         else:
             hint = f"pass a {PREFIX_CHECKPOINT_DIR}-N folder of an earlier run"
         raise ValueError(f"{flag} is not a complete checkpoint: it lacks {', '.join(missing)}; {hint}")

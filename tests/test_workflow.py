@@ -173,8 +173,8 @@ def test_resume_true_without_a_complete_checkpoint_names_the_flag_and_the_folder
         ("nowhere", "sb", r"'.*nowhere': no such folder; pass a checkpoint-N folder of an earlier run, or True"),
         (".", "sb", r"'.*' is not a complete checkpoint: it lacks trainer_state.json, sb_state.pt; it holds "
                     r"checkpoint-5, checkpoint-10: pass one of them, or True"),
-        ("checkpoint-5", "sb", r"'.*checkpoint-5' is not a complete checkpoint: it lacks sb_state.pt; it was not saved "
-                               r"by a selective run"),
+        ("checkpoint-5", "sb", r"'.*checkpoint-5' is not a complete checkpoint: it lacks sb_state.pt; it was saved by "
+                               r"a run without selection .*: resume it with --sb_strategy none$"),
         ("checkpoint-10", "none", r"'.*checkpoint-10': its trainer_state.json is not valid JSON"),
     ],
 )

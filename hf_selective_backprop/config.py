@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
@@ -162,8 +163,8 @@ class SelectiveBackpropConfig(TrainingArguments):
         def integer_at_least(flag: str, minimum: int, note: str = "") -> None:
             value = getattr(self, flag)
             # From Python a float (inf, 2.5) passes a plain `< minimum` test and breaks later in
-            # range() or a tensor shape; bool is an int but never a count.
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            # range() or a tensor shape; Integral admits numpy integers; bool is one but never a count.
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
                 fail(flag, f"an integer >= {minimum}{note}", value)
 
         # Checked here rather than by torch's sampler: a zero batch size used to fail only after

@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 from transformers import HfArgumentParser
 
@@ -112,6 +113,11 @@ def test_command_line_values_are_refused_when_the_config_is_built(argv, message)
     with pytest.raises(ValueError) as error:
         parser.parse_args_into_dataclasses(["--output_dir", "o", "--use_cpu", *argv])
     assert str(error.value) == message
+
+
+def test_numpy_integers_are_counts_too():
+    config = make(per_device_train_batch_size=np.int64(8), sb_staleness=np.int32(2))
+    assert (config.per_device_train_batch_size, config.sb_staleness) == (8, 2)
 
 
 def test_large_finite_values_are_accepted():

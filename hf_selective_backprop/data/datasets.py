@@ -233,13 +233,11 @@ def _label_names(
         # One stray id (11 among 0..9) would otherwise build a 12-class model without a word.
         missing = np.setdiff1d(np.arange(num_classes), ids)
         above = {name: values > missing[0] for name, values in labels.items()}
-        where = "; ".join(
-            f"{name}: {_offending(labels[name], mask)}" for name, mask in above.items() if mask.any()
-        )
+        where = "; ".join(f"{name}: {_offending(labels[name], mask)}" for name, mask in above.items() if mask.any())
+        occur = "never occurs" if len(missing) == 1 else "never occur"
         raise ValueError(
             f"label column {column!r} holds the integer ids {_preview(ids.tolist())}, not the contiguous "
-            f"0..{num_classes - 1}: {_preview(missing.tolist())} never occur{'s' if len(missing) == 1 else ''}, so "
-            f"{num_classes} classes would be "
+            f"0..{num_classes - 1}: {_preview(missing.tolist())} {occur}, so {num_classes} classes would be "
             f"inferred, some without any example. Labels above the first missing id: {where}. Fix those "
             f"labels, or pass --num_labels {num_classes} if those classes are meant to exist"
         )
@@ -277,9 +275,7 @@ def _decode(
     return images
 
 
-def _labels(
-    rows: datasets.Dataset, column: str, label_names: list[str], declared_by: str, what: str
-) -> torch.Tensor:
+def _labels(rows: datasets.Dataset, column: str, label_names: list[str], declared_by: str, what: str) -> torch.Tensor:
     labels = _label_array(rows, column, what)
     num_classes = len(label_names)
     bad = (labels < 0) | (labels >= num_classes)
@@ -297,9 +293,9 @@ def _label_array(rows: datasets.Dataset, column: str, what: str) -> np.ndarray:
     values = rows.with_format("arrow")[column]
     if values.null_count:
         missing = np.flatnonzero(values.is_null().to_numpy())
-        rows = "rows" if len(missing) > 1 else "row"
+        noun = "rows" if len(missing) > 1 else "row"
         raise ValueError(
-            f"{what}, label column {column!r}: no label at {rows} {_preview(missing.tolist())}; fix or drop that {rows}"
+            f"{what}, label column {column!r}: no label at {noun} {_preview(missing.tolist())}; fix or drop that {noun}"
         )
     return values.to_numpy().astype(np.int64)
 

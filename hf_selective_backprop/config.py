@@ -31,7 +31,8 @@ class SelectiveBackpropConfig(TrainingArguments):
             "help": "Selection strategy: 'none' (Traditional: every example trained, no selection pass), "
             "'sb' (Selective-Backprop: keep with probability CDF(loss)**beta), 'topk' (highest-loss "
             "fraction of each selection batch), 'composer' (MosaicML's rule), 'kath18' (Katharopoulos & "
-            "Fleuret importance sampling), 'uniform' (random fraction: the control baseline), or the name "
+            "Fleuret importance sampling), 'uniform' (random fraction: the control baseline), 'infobatch' "
+            "(Qin et al. 2024: prune below-mean-loss examples before loading, rescale the rest), or the name "
             "of a strategy registered with hf_selective_backprop.selectors.register_strategy.",
         },
     )
@@ -153,6 +154,21 @@ class SelectiveBackpropConfig(TrainingArguments):
         },
     )
 
+    sb_prune_ratio: float = field(
+        default=0.5,
+        metadata={
+            "help": "'infobatch': probability r, in [0, 1), of dropping an example whose latest training loss is "
+            "below the mean; kept ones get loss weight 1/(1-r)."
+        },
+    )
+    sb_anneal_delta: float = field(
+        default=0.875,
+        metadata={
+            "help": "'infobatch': fraction of the epochs, in [0, 1], that prune; the epochs from "
+            "delta x num_train_epochs on train on all data, unweighted (InfoBatch's annealing)."
+        },
+    )
+
     def __post_init__(self):
         super().__post_init__()
         self._validate_sb()
@@ -207,6 +223,15 @@ class SelectiveBackpropConfig(TrainingArguments):
             fail("sb_selection_precision", f"one of {', '.join(SELECTION_PRECISIONS)}", self.sb_selection_precision)
         if not 0.0 < self.sb_selection_scale <= 1.0:
             fail("sb_selection_scale", "in (0, 1]", self.sb_selection_scale)
+        if not 0.0 <= self.sb_prune_ratio < 1.0:
+            fail("sb_prune_ratio", "in [0, 1)", self.sb_prune_ratio)
+        if not 0.0 <= self.sb_anneal_delta <= 1.0:
+            fail("sb_anneal_delta", "in [0, 1]", self.sb_anneal_delta)
+        if self.sb_strategy == "infobatch" and self.max_steps > 0:
+            raise ValueError(
+                f"--sb_strategy infobatch prunes and anneals by epochs, so it needs an epoch-based run: use "
+                f"--num_train_epochs instead of --max_steps {self.max_steps}"
+            )
         if self.sb_history_scope not in HISTORY_SCOPES:
             fail("sb_history_scope", f"one of {', '.join(HISTORY_SCOPES)}", self.sb_history_scope)
         if self.sb_strategy != "none" and self.train_sampling_strategy in ("group_by_length", "batch_rebalance"):

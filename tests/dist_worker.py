@@ -151,7 +151,7 @@ def main() -> None:
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--epochs", type=float, default=2)
     parser.add_argument("--keep", type=float, default=1 / 3)
-    parser.add_argument("--strategy", default="sb", help="sb, or 'easiest' (tests/user_strategy.py)")
+    parser.add_argument("--strategy", default="sb", help="any --sb_strategy, or 'easiest' (tests/user_strategy.py)")
     parser.add_argument("--history", type=int, default=1024)
     parser.add_argument("--scope", choices=["global", "local"], default="global")
     parser.add_argument("--staleness", type=int, default=1)

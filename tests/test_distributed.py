@@ -285,3 +285,14 @@ def test_a_strategy_defined_outside_the_package_keeps_two_processes_in_lockstep(
     stats = _stats_json(tmp_path)
     assert stats["kept_fraction"] == pytest.approx(0.5, abs=0.05)
     assert stats["examples_seen"] == 3 * EXAMPLES and stats["stale_lookups"] == EXAMPLES
+
+
+def test_infobatch_decides_the_same_on_every_rank(tmp_path):
+    ranks = _launch(tmp_path, ["--strategy", "infobatch", "--epochs", "3"])
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
+    assert _same_weights(ranks[0]["weights"], ranks[1]["weights"])
+    stats = _stats_json(tmp_path)
+    assert stats["selection_forwards"] == 0
+    # One plan, broadcast: the ranks together load each kept example once, and pruned ones not at all.
+    assert stats["examples_seen"] == 3 * EXAMPLES
+    assert 2 * EXAMPLES < stats["examples_loaded"] < 3 * EXAMPLES

@@ -139,7 +139,7 @@ class SelectionEngine:
                 by_position, looked_up = stale_plan(self.selector, stored, generator, self.selection_batch_size)
                 self.stats.stale_lookups += looked_up
             else:
-                selection = self.selector.plan_epoch(stored, generator)
+                selection = self.selector.plan_epoch(stored, generator, epoch)
                 if selection is None:
                     return None
                 by_position = EpochPlan.from_selection(selection, len(ids))

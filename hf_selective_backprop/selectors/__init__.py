@@ -6,6 +6,7 @@ one defined elsewhere (see docs/architecture.md).
 
 from .base import Selection, Selector
 from .composer import ComposerSelector
+from .infobatch import InfoBatchSelector
 from .kath18 import Kath18Selector
 from .percentile import PercentileSelector
 from .registry import build_selector, register_strategy, strategy_names
@@ -15,6 +16,7 @@ from .uniform import UniformSelector
 
 __all__ = [
     "ComposerSelector",
+    "InfoBatchSelector",
     "Kath18Selector",
     "PercentileSelector",
     "ReweightedPercentileSelector",
@@ -43,4 +45,7 @@ register_strategy(
     lambda args: Kath18Selector(
         args.sb_presample_value, args.sb_importance_weighting, args.sb_variance_start, args.per_device_train_batch_size
     ),
+)
+register_strategy(
+    "infobatch", lambda args: InfoBatchSelector(args.sb_prune_ratio, args.sb_anneal_delta, args.num_train_epochs)
 )

@@ -69,8 +69,8 @@ class Selector:
     def _select(self, losses: torch.Tensor, generator: torch.Generator, population: torch.Tensor) -> Selection:
         raise NotImplementedError
 
-    def plan_epoch(self, stored_losses: torch.Tensor, generator: torch.Generator) -> Selection | None:
-        """Decide an epoch before loading it, or return None (the default) to decide after scoring.
+    def plan_epoch(self, stored_losses: torch.Tensor, generator: torch.Generator, epoch: int) -> Selection | None:
+        """Decide epoch ``epoch`` before loading it, or return None (the default) to decide after scoring.
 
         ``stored_losses[i]`` is example i's latest stored loss (NaN where none is known). The
         returned ``indices`` are the examples to train this epoch (an index twice trains it twice),

@@ -30,7 +30,7 @@ class UniformSelector(Selector):
         rows = torch.randperm(n, generator=generator)[: keep_count(self.keep, n)]
         return Selection(torch.sort(rows).values)
 
-    def plan_epoch(self, stored_losses: torch.Tensor, generator: torch.Generator) -> Selection:
+    def plan_epoch(self, stored_losses: torch.Tensor, generator: torch.Generator, epoch: int) -> Selection:
         return self._select(stored_losses, generator, stored_losses)
 
     def expected_keep_fraction(self) -> float:

@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) scripts/compare.py
+	@$(PY) scripts/compare.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q

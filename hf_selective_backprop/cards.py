@@ -73,7 +73,8 @@ def render_model_card(
     ``args`` is the training-arguments object: every non-callable ``sb_*`` attribute is listed.
     ``stats`` holds run totals (keys in `STATS_KEYS`, as in ``sb_stats.json``); missing ones read
     "n/a". ``task`` is the pipeline tag (one of `TASKS`). ``dataset`` may be a name, a Hub id or a
-    local folder: only a Hub id reaches the card (see `hub_dataset_id`). ``hyperparameters`` and
+    local folder: only a Hub id reaches the card (see `hub_dataset_id`); so does ``base_model``
+    only when it is a Hub id, not a local folder. ``hyperparameters`` and
     ``eval_lines`` are the Trainer's own sections (see `write_trainer_card`).
     """
     if task not in TASKS:
@@ -84,6 +85,7 @@ def render_model_card(
     output_dir = Path(output_dir)
     model_name = model_name or output_dir.resolve().name
     dataset_id = hub_dataset_id(dataset)
+    base_model = _hub_model_id(base_model)
 
     card_data = ModelCardData(
         language=language,
@@ -172,7 +174,7 @@ def write_trainer_card(
         eval_split=eval_split,
         num_train_examples=len(trainer.train_dataset) if has_length(trainer.train_dataset) else None,
         model_name=model_name,
-        base_model=_hub_model_id(finetuned_from or getattr(config, "_name_or_path", None)),
+        base_model=finetuned_from or getattr(config, "_name_or_path", None),
         repo_id=getattr(trainer, "hub_model_id", None) or trainer.args.hub_model_id,
         hyperparameters=extract_hyperparameters_from_trainer(trainer),
         eval_lines=eval_lines,

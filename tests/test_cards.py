@@ -88,11 +88,13 @@ def test_text_card_from_a_local_copy_names_the_hub_dataset_and_no_path(tmp_path)
         stats={"backwards": 10, "examples_seen": 40},
         accuracy=0.5,
         model_name="bert-sst2-topk",
+        base_model=str(tmp_path / "my-bert"),  # a local starting point: no base_model
     )
     text = path.read_text()
     assert str(tmp_path) not in text
     card = ModelCard.load(path)
     assert card.data.pipeline_tag == "text-classification" and card.data.datasets == ["stanfordnlp/sst2"]
+    assert card.data.base_model is None
     assert card.data.tags == ["selective-backprop", "text-classification", "sentiment"]
     assert card.data.eval_results[0].task_type == "text-classification"
     assert 'pipeline("text-classification", model="bert-sst2-topk")' in text
@@ -180,5 +182,6 @@ def test_plain_run_card_takes_its_savings_from_the_trainer_state(tmp_path):
     text = (tmp_path / "plain" / "README.md").read_text()
     assert f"| backward passes vs a full pass | 100.00 % of {2 * len(dataset):,} |" in text
     assert "| selection forwards (examples) | 0 |" in text and "Strategy: `none`" in text
+    assert "without selection: the traditional baseline" in text
     assert f"| optimizer steps | {trainer.state.global_step} |" in text
     assert ModelCard.load(tmp_path / "plain" / "README.md").data.datasets == ["ylecun/mnist"]

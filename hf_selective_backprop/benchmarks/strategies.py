@@ -45,6 +45,9 @@ def build_strategy(name: str, keep: float, staleness: int, warmup_epochs: int) -
         )
     if name == "infobatch":
         return Strategy(name, "InfoBatch", {"sb_strategy": "infobatch"})
+    if name.startswith("infobatch-r"):  # e.g. infobatch-r0.7: another prune ratio
+        ratio = float(name.removeprefix("infobatch-r"))
+        return Strategy(name, f"InfoBatch r={ratio:g}", {"sb_strategy": "infobatch", "sb_prune_ratio": ratio})
     if name in ANNEALED:
         # The last 12.5 % of training on all data, as InfoBatch anneals.
         overrides = {"sb_strategy": "sb", "sb_keep": keep, "sb_end": 0.875, **ANNEALED[name][1]}
@@ -56,5 +59,5 @@ def build_strategy(name: str, keep: float, staleness: int, warmup_epochs: int) -
         return Strategy(name, labels[name], {"sb_strategy": name, "sb_keep": keep})
     raise ValueError(
         f"unknown strategy {name!r}: choose from traditional, sb, stale-sb, sb-warmup, kath18, composer, uniform, "
-        f"topk, infobatch, {', '.join(ANNEALED)}"
+        f"topk, infobatch, infobatch-r<ratio>, {', '.join(ANNEALED)}"
     )

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 
 from . import distributed
+
+#: The run's summary, written into output_dir when training ends.
+STATS_FILE = "sb_stats.json"
 
 COUNTERS = (
     "examples_seen",
@@ -103,3 +108,9 @@ def run_summary(accelerator, stats: SelectionStats, start: float | None) -> dict
     totals.update({k: state[k] for k in TIMERS})
     now = time.perf_counter()
     return summarize(totals, now - (start if start is not None else now))
+
+
+def write_stats(summary: dict, path: str) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as handle:
+        json.dump(summary, handle, indent=2, sort_keys=True)

@@ -46,3 +46,11 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
             if is_complete_checkpoint(os.path.join(output_dir, name)):
                 steps.append(int(step))
     return os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{max(steps)}") if steps else None
+
+
+def require_complete_checkpoint(output_dir: str) -> str:
+    """`last_complete_checkpoint`, or a ValueError saying what a complete checkpoint holds."""
+    checkpoint = last_complete_checkpoint(output_dir)
+    if checkpoint is None:
+        raise ValueError(f"No complete checkpoint (with {TRAINER_STATE_NAME} and {STATE_FILE}) in {output_dir}")
+    return checkpoint

@@ -8,7 +8,6 @@ full micro-batches out), `compute_loss` (weights, store refresh), logging and ch
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -16,12 +15,11 @@ from functools import partial
 
 import torch
 from transformers import Trainer
-from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
 from . import distributed
-from .accounting import run_summary
-from .checkpoints import STATE_FILE, last_complete_checkpoint
+from .accounting import STATS_FILE, run_summary, write_stats
+from .checkpoints import require_complete_checkpoint
 from .config import SelectiveBackpropConfig
 from .engine import SelectionEngine, checkpointing
 from .engine.callback import SelectionFlowCallback
@@ -32,8 +30,6 @@ from .losses import cross_entropy_per_example, weighted_loss
 from .plan import TrainingPlan
 from .scoring import SelectionScorer
 from .selectors import build_selector
-
-STATS_FILE = "sb_stats.json"
 
 __all__ = ["STATS_FILE", "WEIGHT_KEY", "SelectiveBackpropTrainer"]
 
@@ -265,23 +261,14 @@ class SelectiveBackpropTrainer(Trainer):
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         if self.selector is not None and resume_from_checkpoint is True:
-            # transformers picks the highest checkpoint-N folder, even one a killed run left half
-            # written; take the last one whose trainer_state.json (written last) and sb_state.pt exist.
-            resume_from_checkpoint = last_complete_checkpoint(self.args.output_dir)
-            if resume_from_checkpoint is None:
-                raise ValueError(
-                    f"No complete checkpoint (with {TRAINER_STATE_NAME} and {STATE_FILE}) in {self.args.output_dir}"
-                )
+            # transformers picks the highest checkpoint-N folder, even one a killed run left half written.
+            resume_from_checkpoint = require_complete_checkpoint(self.args.output_dir)
         output = super().train(resume_from_checkpoint, *args, **kwargs)
         if self.selector is not None:
-            summary = self.selection_summary()
-            summary["strategy"] = self.args.sb_strategy
-            summary["expected_steps"] = self._expected_steps
-            self.sb_stats = summary
+            self.sb_stats = {**self.selection_summary(), "strategy": self.args.sb_strategy}
+            self.sb_stats["expected_steps"] = self._expected_steps
             if self.args.should_save:
-                os.makedirs(self.args.output_dir, exist_ok=True)
-                with open(os.path.join(self.args.output_dir, STATS_FILE), "w") as handle:
-                    json.dump(summary, handle, indent=2, sort_keys=True)
+                write_stats(self.sb_stats, os.path.join(self.args.output_dir, STATS_FILE))
         return output
 
     def create_model_card(self, *args, **kwargs):

@@ -28,7 +28,8 @@ from . import distributed
 from .accounting import COUNTERS, TIMERS, SelectionStats, summarize
 from .checkpoints import RANK_STATE_FILE, STATE_FILE, atomic_save, last_complete_checkpoint
 from .config import SelectiveBackpropConfig
-from .losses import cross_entropy_per_example
+from .losses import model_task, per_example_loss_for, weighted_loss
+from .padding import queue_padding
 from .plan import TrainingPlan
 from .queue import BatchQueue
 from .schedule import in_selection_window, is_interrupt_step
@@ -98,10 +99,10 @@ class SelectiveBackpropTrainer(Trainer):
                 "compute_loss_func is set, so selection cannot know each example's loss: pass "
                 "per_example_loss_func=(outputs, labels) -> per-example losses as well"
             )
-        self.per_example_loss_func = per_example_loss_func or partial(
-            cross_entropy_per_example,
-            label_smoothing=self.args.label_smoothing_factor,
-            label_name=self.label_names[0] if self.label_names else "labels",
+        # The label smoother's factor: the Trainer drops it for multi-label classification.
+        smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
+        self.per_example_loss_func = per_example_loss_func or per_example_loss_for(
+            self.model, label_smoothing=smoothing, label_name=self.label_names[0] if self.label_names else "labels"
         )
         self.selector = build_selector(self.args)
         if self.selector is None:
@@ -146,7 +147,10 @@ class SelectiveBackpropTrainer(Trainer):
     def _reset_selection_state(self) -> None:
         """Fresh selection state: at construction and at each (auto_find_batch_size) restart."""
         self.selector = build_selector(self.args)
-        self.queue = BatchQueue()
+        # Text rows from different selection batches have different lengths: re-pad each micro-batch.
+        token_labels = model_task(self.accelerator.unwrap_model(self.model)) != "classification"
+        padding = queue_padding(self.data_collator, self.processing_class, self.label_name, token_labels)
+        self.queue = BatchQueue(**padding)
         self.store = LossStore()
         self.stats = SelectionStats()
         self.generator = torch.Generator().manual_seed(self.args.seed + 1_000_003 * self.args.process_index)
@@ -478,12 +482,13 @@ class SelectiveBackpropTrainer(Trainer):
         labels = inputs.get(self.label_name)
         loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
         if model.training and labels is not None and (weights is not None or self._refreshes_store()):
-            per_example = self.per_example_loss_func(outputs, labels)
-            if weights is not None:
-                # Same normaliser as the model's own loss: the step's item count when the
-                # Trainer passes one (the loss is then already scaled for accumulation).
-                denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
-                loss = (per_example * weights).sum() / torch.as_tensor(denominator).clamp_min(1)
+            if weights is None:
+                per_example = self.per_example_loss_func(outputs, labels)
+            else:
+                # Same normaliser as the model's own loss: the step's item count (tokens for token-level
+                # losses) when the Trainer passes one (the loss is then already scaled for accumulation).
+                loss, per_example = weighted_loss(self.per_example_loss_func, outputs, labels, weights,
+                                                  num_items_in_batch)
                 if (
                     self.args.average_tokens_across_devices
                     and (self.model_accepts_loss_kwargs or self.compute_loss_func)

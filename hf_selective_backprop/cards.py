@@ -36,6 +36,7 @@ def render_model_card(
     epochs: float | None = None,
     model_name: str | None = None,
     template: str | Path | None = None,
+    pipeline_tag: str = "image-classification",
 ) -> Path:
     """Write ``README.md`` into ``output_dir`` and return its path.
 
@@ -43,7 +44,8 @@ def render_model_card(
     starts with ``sb_`` is listed. ``stats`` holds run totals (keys in `STATS_KEYS`); missing
     ones read "n/a". The full-pass backward count is ``stats["examples_seen"]`` when known
     (epochs x N for whole epochs), else ``epochs`` (default ``args.num_train_epochs``) x
-    ``num_train_examples``.
+    ``num_train_examples``. ``pipeline_tag`` is the Hub task (e.g. ``text-classification``, with a
+    template of its own).
     """
     output_dir = Path(output_dir)
     template_path = Path(template) if template is not None else TEMPLATE_PATH
@@ -53,8 +55,8 @@ def render_model_card(
 
     card_data = ModelCardData(
         library_name="transformers",
-        pipeline_tag="image-classification",
-        tags=TAGS,
+        pipeline_tag=pipeline_tag,
+        tags=TAGS if pipeline_tag == TAGS[0] else [pipeline_tag, "selective-backprop"],
         datasets=[dataset],
         metrics=["accuracy"],
         model_name=model_name if accuracy is not None else None,
@@ -62,8 +64,8 @@ def render_model_card(
         if accuracy is None
         else [
             EvalResult(
-                task_type="image-classification",
-                task_name="Image Classification",
+                task_type=pipeline_tag,
+                task_name=pipeline_tag.replace("-", " ").title(),
                 dataset_type=dataset,
                 dataset_name=dataset,
                 dataset_split=eval_split,

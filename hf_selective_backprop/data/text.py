@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerFast
 TASKS = ("text-classification", "causal-lm")
 TEXT_COLUMNS = ("sentence", "text", "content", "review", "document", "sentence1", "question")
 LABEL_COLUMNS = ("label", "labels")
+STRING_DTYPES = ("string", "large_string")
 SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
                   "mask_token": "[MASK]"}
 
@@ -92,7 +93,7 @@ def load_text_data(args: TextDataArguments) -> TextData:
         return TextData(train, evaluation, dataset_id, text_column, None, None)
     label_column = find_label_column(train, args.label_column)
     names = class_names(train, label_column)
-    if _dtype(train, label_column) == "string":
+    if _dtype(train, label_column) in STRING_DTYPES:
         train = _to_class_ids(train, label_column, names)
         evaluation = _to_class_ids(evaluation, label_column, names) if evaluation is not None else None
     return TextData(train, evaluation, dataset_id, text_column, label_column, names)
@@ -117,7 +118,7 @@ def find_text_column(dataset: datasets.Dataset, given: str | None = None) -> str
     for name in TEXT_COLUMNS:
         if name in dataset.column_names:
             return name
-    strings = [name for name, feature in dataset.features.items() if getattr(feature, "dtype", None) == "string"]
+    strings = [name for name in dataset.column_names if _dtype(dataset, name) in STRING_DTYPES]
     if len(strings) == 1:
         return strings[0]
     raise ValueError(
@@ -154,7 +155,7 @@ def class_names(dataset: datasets.Dataset, column: str) -> list[str]:
         return list(dataset.features[column].names)
     dtype = _dtype(dataset, column)
     values = sorted(dataset.unique(column))
-    if dtype == "string":
+    if dtype in STRING_DTYPES:
         return values
     if dtype is not None and dtype.startswith(("int", "uint")) and values == list(range(len(values))):
         return [str(v) for v in values]
@@ -173,7 +174,9 @@ def _to_class_ids(dataset: datasets.Dataset, column: str, names: list[str]) -> d
             raise ValueError(f"--label_column {column!r} holds {sorted(unknown)[:5]}, not seen in the train split")
         return {column: [ids[str(v)] for v in batch[column]]}
 
-    return dataset.map(convert, batched=True, desc="label ids")
+    features = dataset.features.copy()
+    features[column] = datasets.ClassLabel(names=names)
+    return dataset.map(convert, batched=True, features=features, desc="label ids")
 
 
 def train_wordpiece_tokenizer(texts: Iterator[str], vocab_size: int = 8000, max_length: int = 128,

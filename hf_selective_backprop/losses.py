@@ -113,8 +113,8 @@ class ExampleLoss:
                 # Class probabilities (soft targets): one item per example.
                 losses = cross_entropy_per_example(logits, labels, self.label_smoothing, self.label_name)
                 return losses, torch.ones_like(losses)
-            losses = cross_entropy_per_example(logits, labels.view(-1), self.label_smoothing, self.label_name)
-            return losses, (labels.view(-1) != IGNORE_INDEX).to(losses.dtype)
+            losses = cross_entropy_per_example(logits, labels.reshape(-1), self.label_smoothing, self.label_name)
+            return losses, (labels.reshape(-1) != IGNORE_INDEX).to(losses.dtype)
         if self.label_smoothing and problem_type == "regression":
             raise ValueError(
                 "--label_smoothing_factor smooths class labels, and this model does regression "

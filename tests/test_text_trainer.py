@@ -19,6 +19,7 @@ from transformers import (
 )
 
 from hf_selective_backprop import SelectiveBackpropTrainer
+from hf_selective_backprop.checkpoints import RANK_STATE_FILE
 from hf_selective_backprop.data.text import tokenize, train_wordpiece_tokenizer
 
 GOOD, BAD, NEUTRAL = ["good", "great", "fine", "superb"], ["bad", "awful", "dull", "poor"], ["the", "film", "was", "a"]
@@ -177,3 +178,25 @@ def test_default_collator_pads_and_the_queue_repads_a_text_classifier_with_label
     assert trainer.queue.pad_values["input_ids"] == tokenizer.pad_token_id and "labels" not in trainer.queue.pad_values
     trainer.train()
     assert trainer.sb_stats["backwards"] > 0
+
+
+def test_resume_with_queued_rows_of_different_lengths_reaches_the_same_weights(tmp_path, tokenizer):
+    # Selection batches of 6 and steps of 4 x 2 leave rows of earlier batches queued at every checkpoint.
+    settings = dict(sb_strategy="sb", sb_beta=1.0, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+                    sb_selection_batch_size=6, num_train_epochs=2, learning_rate=1e-3)
+
+    def run(output_dir, resume=None, **extra):
+        trainer = SelectiveBackpropTrainer(model=classifier(tokenizer), processing_class=tokenizer,
+                                           train_dataset=classification_data(tokenizer),
+                                           args=make_config(output_dir, **settings, **extra))
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    full = run(str(tmp_path / "full"))
+    partial_dir = str(tmp_path / "partial")
+    run(partial_dir, save_strategy="steps", save_steps=5)
+    saved = torch.load(os.path.join(partial_dir, "checkpoint-5", RANK_STATE_FILE.format(rank=0)), weights_only=False)
+    assert len(saved["queue"]["rows"]["input_ids"]) > 0
+    resumed = run(partial_dir, resume=os.path.join(partial_dir, "checkpoint-5"))
+    assert resumed.state.global_step == full.state.global_step
+    assert torch.equal(weights(resumed.model), weights(full.model))

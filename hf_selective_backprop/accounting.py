@@ -6,8 +6,11 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 
+from . import distributed
+
 COUNTERS = (
     "examples_seen",
+    "examples_loaded",
     "selection_forwards",
     "stale_lookups",
     "considered",
@@ -30,12 +33,15 @@ TIMERS = (
 class SelectionStats:
     """Counts are in examples (optimizer_steps in steps); times in seconds, per process.
 
+    ``examples_seen`` counts every example an epoch passed, ``examples_loaded`` those the data
+    loader actually produced (fewer when a strategy decides before loading).
     ``considered``/``kept`` cover examples that went through a selector; rows trained
     without selection (warm-up, interrupts, outside sb_start/sb_end) count in
     ``examples_seen`` and ``training_forwards`` only.
     """
 
     examples_seen: int = 0
+    examples_loaded: int = 0
     selection_forwards: int = 0
     stale_lookups: int = 0
     considered: int = 0
@@ -82,3 +88,18 @@ def summarize(totals: dict, wall_seconds: float) -> dict:
         totals["selection_overhead_seconds"] / summary["training_seconds"] if summary["training_seconds"] else 0.0
     )
     return summary
+
+
+def run_summary(accelerator, stats: SelectionStats, start: float | None) -> dict:
+    """Counters summed over processes plus derived figures (a collective: call on every rank).
+
+    ``optimizer_steps`` is not summed: every rank takes each step together (the same number
+    on each), so examples backpropagated = optimizer_steps x batch x accumulation x processes.
+    """
+    state = stats.state_dict()
+    totals = distributed.sum_over_processes(accelerator, {k: state[k] for k in COUNTERS})
+    totals = {k: int(v) for k, v in totals.items()}
+    totals["optimizer_steps"] = int(state["optimizer_steps"])
+    totals.update({k: state[k] for k in TIMERS})
+    now = time.perf_counter()
+    return summarize(totals, now - (start if start is not None else now))

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-STRATEGIES = ("none", "sb", "topk", "composer", "kath18", "uniform")
+from .selectors import strategy_names
+
 SELECTION_MODES = ("eval", "train")
 SELECTION_PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 HISTORY_SCOPES = ("global", "local")
@@ -28,8 +31,9 @@ class SelectiveBackpropConfig(TrainingArguments):
             "help": "Selection strategy: 'none' (Traditional: every example trained, no selection pass), "
             "'sb' (Selective-Backprop: keep with probability CDF(loss)**beta), 'topk' (highest-loss "
             "fraction of each selection batch), 'composer' (MosaicML's rule), 'kath18' (Katharopoulos & "
-            "Fleuret importance sampling) or 'uniform' (random fraction: the control baseline).",
-            "choices": list(STRATEGIES),
+            "Fleuret importance sampling), 'uniform' (random fraction: the control baseline), 'infobatch' "
+            "(Qin et al. 2024: prune below-mean-loss examples before loading, rescale the rest), or the name "
+            "of a strategy registered with hf_selective_backprop.selectors.register_strategy.",
         },
     )
     sb_keep: float | None = field(
@@ -150,6 +154,21 @@ class SelectiveBackpropConfig(TrainingArguments):
         },
     )
 
+    sb_prune_ratio: float = field(
+        default=0.5,
+        metadata={
+            "help": "'infobatch': probability r, in [0, 1), of dropping an example whose latest training loss is "
+            "below the mean; kept ones get loss weight 1/(1-r)."
+        },
+    )
+    sb_anneal_delta: float = field(
+        default=0.875,
+        metadata={
+            "help": "'infobatch': fraction of the epochs, in [0, 1], that prune; the epochs from "
+            "delta x num_train_epochs on train on all data, unweighted (InfoBatch's annealing)."
+        },
+    )
+
     def __post_init__(self):
         super().__post_init__()
         self._validate_sb()
@@ -158,44 +177,61 @@ class SelectiveBackpropConfig(TrainingArguments):
         def fail(flag: str, allowed: str, value) -> None:
             raise ValueError(f"--{flag} must be {allowed}, got {value!r}")
 
-        if self.sb_strategy not in STRATEGIES:
-            fail("sb_strategy", f"one of {', '.join(STRATEGIES)}", self.sb_strategy)
+        def integer_at_least(flag: str, minimum: int, note: str = "") -> None:
+            value = getattr(self, flag)
+            # From Python a float (inf, 2.5) passes a plain `< minimum` test and breaks later in
+            # range() or a tensor shape; Integral admits numpy integers; bool is one but never a count.
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+                fail(flag, f"an integer >= {minimum}{note}", value)
+
+        # Checked here rather than by torch's sampler: a zero batch size used to fail only after
+        # the data was decoded and the model built.
+        for flag in ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps"):
+            integer_at_least(flag, 1)
+        if self.sb_strategy not in strategy_names():
+            fail("sb_strategy", f"one of {', '.join(strategy_names())} (or a registered strategy)", self.sb_strategy)
+        # Ranges are written so that NaN fails them too (every comparison with NaN is False).
         if self.sb_keep is not None and not 0.0 < self.sb_keep <= 1.0:
             fail("sb_keep", "in (0, 1]", self.sb_keep)
-        if self.sb_beta is not None and not self.sb_beta > 0:
-            fail("sb_beta", "> 0", self.sb_beta)
+        if self.sb_beta is not None and not 0.0 < self.sb_beta < math.inf:
+            fail("sb_beta", "a finite number > 0", self.sb_beta)
         if self.sb_keep is not None and self.sb_beta is not None:
             if abs(1.0 / (self.sb_beta + 1.0) - self.sb_keep) > 1e-6:
                 raise ValueError(
                     f"--sb_keep {self.sb_keep} and --sb_beta {self.sb_beta} disagree: beta keeps "
                     f"1/(beta+1) = {1.0 / (self.sb_beta + 1.0):.4f}; give only one of them"
                 )
-        if self.sb_history_size < 1:
-            fail("sb_history_size", ">= 1", self.sb_history_size)
+        integer_at_least("sb_history_size", 1)
         if not 0.0 <= self.sb_min_prob <= 1.0:
             fail("sb_min_prob", "in [0, 1]", self.sb_min_prob)
-        if self.sb_staleness < 1:
-            fail("sb_staleness", ">= 1 (1 = SB, n >= 2 = Stale-SB)", self.sb_staleness)
-        if self.sb_selection_batch_size is not None and self.sb_selection_batch_size < 1:
-            fail("sb_selection_batch_size", ">= 1", self.sb_selection_batch_size)
+        integer_at_least("sb_staleness", 1, " (1 = SB, n >= 2 = Stale-SB)")
+        if self.sb_selection_batch_size is not None:
+            integer_at_least("sb_selection_batch_size", 1)
         if self.sb_selection_mode not in SELECTION_MODES:
             fail("sb_selection_mode", f"one of {', '.join(SELECTION_MODES)}", self.sb_selection_mode)
-        if self.sb_warmup_epochs < 0:
-            fail("sb_warmup_epochs", ">= 0", self.sb_warmup_epochs)
+        integer_at_least("sb_warmup_epochs", 0)
         if not self.sb_index_column:
             fail("sb_index_column", "a column name", self.sb_index_column)
         if not 0.0 <= self.sb_start < 1.0:
             fail("sb_start", "in [0, 1)", self.sb_start)
         if not self.sb_start < self.sb_end <= 1.0:
             fail("sb_end", f"in (sb_start={self.sb_start}, 1]", self.sb_end)
-        if self.sb_interrupt < 0:
-            fail("sb_interrupt", ">= 0 (0 = never)", self.sb_interrupt)
-        if self.sb_presample is not None and not self.sb_presample > 1.0:
-            fail("sb_presample", "> 1", self.sb_presample)
+        integer_at_least("sb_interrupt", 0, " (0 = never)")
+        if self.sb_presample is not None and not 1.0 < self.sb_presample < math.inf:
+            fail("sb_presample", "a finite number > 1", self.sb_presample)
         if self.sb_selection_precision not in SELECTION_PRECISIONS:
             fail("sb_selection_precision", f"one of {', '.join(SELECTION_PRECISIONS)}", self.sb_selection_precision)
         if not 0.0 < self.sb_selection_scale <= 1.0:
             fail("sb_selection_scale", "in (0, 1]", self.sb_selection_scale)
+        if not 0.0 <= self.sb_prune_ratio < 1.0:
+            fail("sb_prune_ratio", "in [0, 1)", self.sb_prune_ratio)
+        if not 0.0 <= self.sb_anneal_delta <= 1.0:
+            fail("sb_anneal_delta", "in [0, 1]", self.sb_anneal_delta)
+        if self.sb_strategy == "infobatch" and self.max_steps > 0:
+            raise ValueError(
+                f"--sb_strategy infobatch prunes and anneals by epochs, so it needs an epoch-based run: use "
+                f"--num_train_epochs instead of --max_steps {self.max_steps}"
+            )
         if self.sb_history_scope not in HISTORY_SCOPES:
             fail("sb_history_scope", f"one of {', '.join(HISTORY_SCOPES)}", self.sb_history_scope)
         if self.sb_strategy != "none" and self.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
@@ -221,6 +257,14 @@ class SelectiveBackpropConfig(TrainingArguments):
     def sb_beta_value(self) -> float:
         """beta of 'sb': given, or 1/keep - 1."""
         return self.sb_beta if self.sb_beta is not None else 1.0 / self.sb_keep_fraction - 1.0
+
+    def selection_batch_size(self, train_batch_size: int) -> int:
+        """Rows of one selection batch per device: given, or the training batch ('kath18': presample x it)."""
+        if self.sb_selection_batch_size is not None:
+            return self.sb_selection_batch_size
+        if self.sb_strategy == "kath18":
+            return math.ceil(self.sb_presample_value * train_batch_size)
+        return train_batch_size
 
     @property
     def sb_presample_value(self) -> float:

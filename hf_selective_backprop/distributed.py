@@ -36,3 +36,12 @@ def sum_over_processes(accelerator: Accelerator, values: dict[str, float]) -> di
     tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=accelerator.device)
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return dict(zip(keys, tensor.tolist(), strict=True))
+
+
+def broadcast_object(accelerator: Accelerator, obj):
+    """The main process's ``obj`` on every rank (picklable; CPU tensors inside stay on the CPU)."""
+    if accelerator.num_processes == 1:
+        return obj
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]

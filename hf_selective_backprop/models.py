@@ -28,6 +28,10 @@ class ModelArguments:
         default=None, metadata={"help": "Dropout before the classifier (default: the architecture's)."}
     )
 
+    def __post_init__(self):
+        if self.drop_rate is not None and not 0.0 <= self.drop_rate < 1.0:
+            raise ValueError(f"--drop_rate must be in [0, 1), got {self.drop_rate!r}")
+
 
 def build_model(
     model_args: ModelArguments,

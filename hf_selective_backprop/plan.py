@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
+
+from transformers.trainer_utils import has_length
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,32 @@ class TrainingPlan:
     keep: float
     active_share: float
     warmup_epochs: int
+
+    @classmethod
+    def for_run(cls, args, keep: float, dataloader, num_examples: int, num_processes: int, batch_size: int,
+                selection_batch_size: int) -> TrainingPlan:
+        """The plan of a run over ``dataloader`` (selection batches per process).
+
+        A stream (no length) is step-based: the Trainer demands max_steps, and an epoch is one pass of
+        the stream, of unknown length.
+        """
+        rows_per_step = batch_size * args.gradient_accumulation_steps
+        if not has_length(dataloader):
+            return cls(0, sys.maxsize, selection_batch_size, rows_per_step, keep, 1.0, args.sb_warmup_epochs)
+        if not len(dataloader):
+            raise ValueError("the training dataset is empty")
+        active = (args.sb_end - args.sb_start) * (1.0 - 1.0 / args.sb_interrupt if args.sb_interrupt else 1.0)
+        rows_per_epoch = min(len(dataloader) * selection_batch_size, math.ceil(num_examples / num_processes))
+        plan = cls(rows_per_epoch, len(dataloader), selection_batch_size, rows_per_step, keep, active,
+                   args.sb_warmup_epochs)
+        kept_per_epoch = rows_per_epoch * plan.expected_keep()
+        if kept_per_epoch < rows_per_step:
+            raise ValueError(
+                f"an epoch of {rows_per_epoch} examples per process keeps about {kept_per_epoch:.0f}, fewer than "
+                f"one optimizer step needs ({batch_size} x {args.gradient_accumulation_steps} gradient "
+                "accumulation): use a larger dataset, a smaller --per_device_train_batch_size or a larger --sb_keep"
+            )
+        return plan
 
     def expected_keep(self) -> float:
         """Average share of read rows that is trained, over the steps after warm-up."""

@@ -37,6 +37,19 @@ class SelectionScorer:
         self.channels_last = channels_last
         self.inference_mode = inference_mode
 
+    @classmethod
+    def from_args(cls, loss_fn: PerExampleLoss, label_name: str, args) -> SelectionScorer:
+        """The scorer that a `SelectiveBackpropConfig`'s ``sb_selection_*`` flags describe."""
+        return cls(
+            loss_fn,
+            label_name=label_name,
+            mode=args.sb_selection_mode,
+            precision=args.sb_selection_precision,
+            scale=args.sb_selection_scale,
+            channels_last=args.sb_selection_channels_last,
+            inference_mode=args.sb_selection_inference_mode,
+        )
+
     def _grad_context(self):
         return torch.inference_mode() if self.inference_mode else torch.no_grad()
 

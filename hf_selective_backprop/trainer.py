@@ -1,82 +1,42 @@
-"""`SelectiveBackpropTrainer`: transformers' Trainer with a selection pass in front of each step.
+"""`SelectiveBackpropTrainer`: transformers' Trainer with a selection engine in front of each step.
 
-The Trainer's own loop, optimizer step and gradient accumulation stay untouched. Selection
-lives in `get_batch_samples`: it reads *selection batches* from the epoch iterator, scores
-them (or, in a Stale-SB epoch, looks their losses up), queues the chosen rows and hands
-back exactly `gradient_accumulation_steps` micro-batches of exactly the training batch size.
+The Trainer's own loop, optimizer step and gradient accumulation stay untouched. This class only
+wires `SelectionEngine` into the Trainer's hooks: the sampler (decisions before loading), the
+epoch start, `get_batch_samples` (selection batches in, exactly `gradient_accumulation_steps`
+full micro-batches out), `compute_loss` (weights, store refresh), logging and checkpoints.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
-import warnings
 from functools import partial
 
-import numpy
 import torch
-from datasets import Dataset as HFDataset
-from torch.utils.data import Dataset
-from transformers import Trainer, TrainerCallback
+from transformers import Trainer
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
 from . import distributed
-from .accounting import COUNTERS, TIMERS, SelectionStats, summarize
-from .checkpoints import RANK_STATE_FILE, STATE_FILE, atomic_save, last_complete_checkpoint
+from .accounting import run_summary
+from .checkpoints import STATE_FILE, last_complete_checkpoint
 from .config import SelectiveBackpropConfig
+from .engine import SelectionEngine, checkpointing
+from .engine.callback import SelectionFlowCallback
+from .engine.engine import WEIGHT_KEY
+from .engine.epoch_plan import PlannedSampler
+from .indexing import ids_by_position, with_index_column
 from .losses import model_task, per_example_loss_for, weighted_loss
 from .padding import queue_padding
 from .plan import TrainingPlan
-from .queue import BatchQueue
-from .schedule import in_selection_window, is_interrupt_step
 from .scoring import SelectionScorer
 from .selectors import build_selector
-from .store import LossStore
 
 STATS_FILE = "sb_stats.json"
-WEIGHT_KEY = "sb_weight"
 
-
-class _IndexedDataset(Dataset):
-    """Adds a stable id (the position) to each example of a map-style dataset of dicts."""
-
-    def __init__(self, dataset, column: str):
-        self.dataset, self.column = dataset, column
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, position: int) -> dict:
-        return {**self.dataset[position], self.column: position}
-
-
-class _SelectionFlowCallback(TrainerCallback):
-    """Keeps the Trainer's bookkeeping honest when steps per epoch vary with selection."""
-
-    def __init__(self, trainer: SelectiveBackpropTrainer):
-        self.trainer = trainer
-
-    def on_step_end(self, args, state, control, **kwargs):
-        run = self.trainer
-        state.epoch = run._epoch + run._consumed / max(run._plan.selection_batches_per_epoch, 1)
-        if run._epoch_based:
-            # max_steps holds the *expected* step count; an epoch-based run ends when its data
-            # does (a fractional num_train_epochs included), not at the estimate.
-            control.should_training_stop = run.training_progress() >= 1.0
-        return control
-
-    def on_epoch_end(self, args, state, control, **kwargs):
-        # An epoch whose kept rows all stayed queued made no step; the Trainer reads that as
-        # an empty dataset and stops. The rows carry over, so training goes on.
-        run = self.trainer
-        state.epoch = run._epoch + run._consumed / max(run._plan.selection_batches_per_epoch, 1)
-        if run._epoch_without_step and run.training_progress() < 1.0:
-            control.should_training_stop = False
-        return control
+__all__ = ["STATS_FILE", "WEIGHT_KEY", "SelectiveBackpropTrainer"]
 
 
 class SelectiveBackpropTrainer(Trainer):
@@ -87,6 +47,9 @@ class SelectiveBackpropTrainer(Trainer):
             the model's loss is not single-label cross-entropy (and with ``compute_loss_func``).
         Every other argument is `transformers.Trainer`'s.
     """
+
+    #: The engine class built for each training run; a subclass can record or change what it does.
+    engine_class = SelectionEngine
 
     def __init__(self, *args, per_example_loss_func=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -99,180 +62,97 @@ class SelectiveBackpropTrainer(Trainer):
                 "compute_loss_func is set, so selection cannot know each example's loss: pass "
                 "per_example_loss_func=(outputs, labels) -> per-example losses as well"
             )
+        self.label_name = self.label_names[0] if self.label_names else "labels"
         # The label smoother's factor: the Trainer drops it for multi-label classification.
         smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
         self.per_example_loss_func = per_example_loss_func or per_example_loss_for(
-            self.model, label_smoothing=smoothing, label_name=self.label_names[0] if self.label_names else "labels"
+            self.model, label_smoothing=smoothing, label_name=self.label_name
         )
         self.selector = build_selector(self.args)
         if self.selector is None:
             return
-        self.label_name = self.label_names[0] if self.label_names else "labels"
-        self.scorer = SelectionScorer(
-            self.per_example_loss_func,
-            label_name=self.label_name,
-            mode=self.args.sb_selection_mode,
-            precision=self.args.sb_selection_precision,
-            scale=self.args.sb_selection_scale,
-            channels_last=self.args.sb_selection_channels_last,
-            inference_mode=self.args.sb_selection_inference_mode,
-        )
         if self.train_dataset is not None:
-            self.train_dataset = self._with_index_column(self.train_dataset)
-        self.add_callback(_SelectionFlowCallback(self))
-        self._reset_selection_state()
-
-    # ---- set-up -------------------------------------------------------------------------
-
-    def _with_index_column(self, dataset):
-        column = self.args.sb_index_column
-        if isinstance(dataset, torch.utils.data.IterableDataset):
-            if self.args.sb_staleness > 1:
+            if isinstance(self.train_dataset, torch.utils.data.IterableDataset) and self.args.sb_staleness > 1:
                 raise ValueError("--sb_staleness > 1 needs a map-style dataset: an IterableDataset has no stable ids")
-            return dataset
-        column_names = getattr(dataset, "column_names", None)
-        if column_names is not None:
-            if column in column_names:
-                return dataset
-            return dataset.add_column(column, list(range(len(dataset))))
-        if len(dataset) and isinstance(dataset[0], dict) and column in dataset[0]:
-            return dataset
-        return _IndexedDataset(dataset, column)
+            self.train_dataset = with_index_column(self.train_dataset, self.args.sb_index_column)
+        self.add_callback(SelectionFlowCallback(self))
+        self.engine = self._build_engine()
+
+    def _build_engine(self) -> SelectionEngine:
+        """Fresh selection state: at construction and at each (auto_find_batch_size) restart."""
+        args = self.args
+        scorer = SelectionScorer.from_args(self.per_example_loss_func, self.label_name, args)
+        self.selector = build_selector(args)
+        # Text rows from different selection batches have different lengths: re-pad each micro-batch.
+        token_labels = model_task(self.accelerator.unwrap_model(self.model)) != "classification"
+        padding = queue_padding(self.data_collator, self.processing_class, self.label_name, token_labels)
+        return self.engine_class(
+            args, self.selector, scorer, self.accelerator, self._train_batch_size, self._selection_batch_size(),
+            padding=padding,
+        )
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
         if self.selector is not None and self.args.sb_index_column not in self._signature_columns:
             self._signature_columns.append(self.args.sb_index_column)
 
-    def _reset_selection_state(self) -> None:
-        """Fresh selection state: at construction and at each (auto_find_batch_size) restart."""
-        self.selector = build_selector(self.args)
-        # Text rows from different selection batches have different lengths: re-pad each micro-batch.
-        token_labels = model_task(self.accelerator.unwrap_model(self.model)) != "classification"
-        padding = queue_padding(self.data_collator, self.processing_class, self.label_name, token_labels)
-        self.queue = BatchQueue(**padding)
-        self.store = LossStore()
-        self.stats = SelectionStats()
-        self.generator = torch.Generator().manual_seed(self.args.seed + 1_000_003 * self.args.process_index)
-        self._epoch = 0
-        self._consumed = 0
-        self._skip_on_resume = 0
-        self._resume_checkpoint = None
-        self._epoch_without_step = False
-        self._steps_in_epoch = 0
-        self._epoch_scored = self._epoch_nonfinite = 0
-        self._selection_inputs_checked = False
+    def _selection_batch_size(self) -> int:
+        return self.args.selection_batch_size(self._train_batch_size)
+
+    # ---- data ----------------------------------------------------------------------------------
 
     def get_train_dataloader(self):
         if self.selector is None:
             return super().get_train_dataloader()
-        self._check_train_dataset(self.train_dataset)
-        # The loader yields selection batches; training batches are assembled from them.
-        train_batch_size = self._train_batch_size
-        self._train_batch_size = self._selection_batch_size(train_batch_size)
-        try:
-            return super().get_train_dataloader()
-        finally:
-            self._train_batch_size = train_batch_size
-
-    def _check_train_dataset(self, dataset) -> None:
-        """Fail at train start, with the flag to change, on data that selection cannot use.
-
-        Also sizes the Stale-SB store for the largest id up front: grown batch by batch, it would be
-        reallocated each time a larger id shows up (~2.7x its final size at peak, docs/reliability.md).
-        """
-        if dataset is None or not has_length(dataset):
-            return
-        if len(dataset) == 0:
+        if self.train_dataset is not None and has_length(self.train_dataset) and len(self.train_dataset) == 0:
             raise ValueError("the training dataset is empty")
-        column = self.args.sb_index_column
-        capacity = len(dataset) if isinstance(dataset, _IndexedDataset) else 0
-        if self.args.sb_staleness > 1 and isinstance(dataset, HFDataset) and column in dataset.column_names:
-            # Stale-SB keys stored losses by this column: a duplicate would share (and overwrite) one slot.
-            ids = _column_values(dataset, column)
-            if ids.ndim != 1 or ids.dtype.kind not in "iu" or (ids.size and ids.min() < 0):
-                raise ValueError(
-                    f"--sb_index_column {column!r} must hold one non-negative integer id per example for "
-                    f"--sb_staleness > 1, got dtype {ids.dtype} and shape {ids.shape}"
-                )
-            unique = numpy.unique(ids)
-            if unique.size != ids.size:
-                raise ValueError(
-                    f"--sb_index_column {column!r} holds {ids.size - unique.size} duplicate ids: Stale-SB stores "
-                    "one loss per id, so every example needs its own (remove the column to number rows 0..N-1)"
-                )
-            capacity = int(ids.max()) + 1
-        if self.args.sb_staleness > 1 and capacity and len(self.store) == 0:
-            self.store = LossStore(capacity)
+        # The loader yields selection batches; training batches are assembled from them.
+        self._planned_sampler = None
+        loader = self._get_dataloader(
+            self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler, is_training=True
+        )
+        self.engine.attach(loader, self._planned_sampler)
+        return loader
 
-    def _selection_batch_size(self, train_batch_size: int) -> int:
-        if self.args.sb_selection_batch_size is not None:
-            return self.args.sb_selection_batch_size
-        if self.args.sb_strategy == "kath18":
-            return math.ceil(self.args.sb_presample_value * train_batch_size)
-        return train_batch_size
+    def _get_train_sampler(self, train_dataset=None):
+        sampler = super()._get_train_sampler(train_dataset)
+        if self.selector is None or sampler is None:
+            return sampler
+        if isinstance(sampler, torch.utils.data.RandomSampler):
+            # Accelerate would make a plain RandomSampler seedable (same order on every rank and on
+            # resume) but cannot see it inside a wrapper, so wrap the seedable one.
+            from accelerate.data_loader import SeedableRandomSampler
+
+            sampler = SeedableRandomSampler(data_source=sampler.data_source, data_seed=self.args.data_seed)
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        ids = ids_by_position(dataset, self.args.sb_index_column) if self.engine.plans_before_loading else None
+        padded = self.args.world_size > 1 and not self.args.dataloader_drop_last
+        rows_per_round = self.args.world_size * self._selection_batch_size() if padded else 1
+        self._planned_sampler = PlannedSampler(sampler, ids, rows_per_round)
+        return self._planned_sampler
+
+    # ---- run length and schedule ---------------------------------------------------------------
 
     def set_initial_training_values(self, args, dataloader):
         values = super().set_initial_training_values(args, dataloader)
         if self.selector is None:
             return values
         num_train_epochs, _, num_examples, num_train_samples, total_batch_size, _, max_steps = values
-        grad_accum = args.gradient_accumulation_steps
-        selection_batch_size = self._selection_batch_size(self._train_batch_size)
-        if not has_length(dataloader):
-            # A stream (IterableDataset): the Trainer demands max_steps, so the run is step-based and
-            # its values stand; an epoch is one pass of the stream, of unknown length.
-            self._plan = TrainingPlan(
-                rows_per_epoch=0,
-                selection_batches_per_epoch=sys.maxsize,
-                selection_batch_size=selection_batch_size,
-                rows_per_step=self._train_batch_size * grad_accum,
-                keep=self.selector.expected_keep_fraction(),
-                active_share=1.0,
-                warmup_epochs=args.sb_warmup_epochs,
-            )
-            self._epoch_based = False
-            self._expected_steps = max_steps
-            return values
-        if not len(dataloader):
-            raise ValueError("the training dataset is empty")
-        rows_per_epoch = min(
-            len(dataloader) * selection_batch_size, math.ceil(num_examples / self.accelerator.num_processes)
+        self._plan = TrainingPlan.for_run(
+            args, self.selector.expected_keep_fraction(), dataloader, num_examples, self.accelerator.num_processes,
+            self._train_batch_size, self._selection_batch_size(),
         )
-        active = (args.sb_end - args.sb_start) * (1.0 - 1.0 / args.sb_interrupt if args.sb_interrupt else 1.0)
-        self._plan = TrainingPlan(
-            rows_per_epoch=rows_per_epoch,
-            selection_batches_per_epoch=len(dataloader),
-            selection_batch_size=selection_batch_size,
-            rows_per_step=self._train_batch_size * grad_accum,
-            keep=self.selector.expected_keep_fraction(),
-            active_share=active,
-            warmup_epochs=args.sb_warmup_epochs,
-        )
-        kept_per_epoch = rows_per_epoch * self._plan.expected_keep()
-        if kept_per_epoch < self._plan.rows_per_step:
-            raise ValueError(
-                f"an epoch of {rows_per_epoch} examples per process keeps about {kept_per_epoch:.0f}, fewer than "
-                f"one optimizer step needs ({self._train_batch_size} x {grad_accum} gradient accumulation): "
-                "use a larger dataset, a smaller --per_device_train_batch_size or a larger --sb_keep"
-            )
-        micro_batches = self._plan.max_micro_batches_per_epoch(grad_accum)
-        self._epoch_based = args.max_steps <= 0
-        if self._epoch_based:
-            max_steps = self._plan.expected_steps(args.num_train_epochs)
-        else:
-            # A step-based run reads as many epochs as its steps need.
-            num_train_epochs = sys.maxsize
+        self.engine.epoch_based = has_length(dataloader) and args.max_steps <= 0
         self._expected_steps = max_steps
-        return (
-            num_train_epochs,
-            micro_batches // grad_accum,
-            num_examples,
-            num_train_samples,
-            total_batch_size,
-            micro_batches,
-            max_steps,
-        )
+        if not has_length(dataloader):
+            return values
+        if self.engine.epoch_based:
+            max_steps = self._expected_steps = self._plan.expected_steps(args.num_train_epochs)
+        else:
+            num_train_epochs = sys.maxsize  # a step-based run reads as many epochs as its steps need
+        micro_batches = self._plan.max_micro_batches_per_epoch(args.gradient_accumulation_steps)
+        steps = micro_batches // args.gradient_accumulation_steps
+        return num_train_epochs, steps, num_examples, num_train_samples, total_batch_size, micro_batches, max_steps
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         scheduler = super().create_scheduler(num_training_steps, optimizer)
@@ -285,9 +165,15 @@ class SelectiveBackpropTrainer(Trainer):
             ]
         return scheduler
 
+    def training_progress(self) -> float:
+        """Fraction of the run done: data read (epoch-based runs) or optimizer steps."""
+        return self.engine.progress(self.state.global_step, self.state.max_steps)
+
+    # ---- the training loop's hooks -------------------------------------------------------------
+
     def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, *rest, **kwargs):
         if self.selector is not None:
-            self._reset_selection_state()
+            self.engine = self._build_engine()
             self._train_start = time.perf_counter()
         return super()._inner_training_loop(batch_size, args, resume_from_checkpoint, *rest, **kwargs)
 
@@ -297,163 +183,28 @@ class SelectiveBackpropTrainer(Trainer):
         )
         if self.selector is None or resume_from_checkpoint is None:
             return epochs_trained, skipped
-        self._load_selection_state(resume_from_checkpoint)
-        # The Trainer's resume arithmetic assumes a fixed number of batches per step; the
-        # saved position says how many selection batches of the epoch were read.
-        return self._epoch, 0
-
-    # ---- the selection step ---------------------------------------------------------------
+        checkpointing.load(self.engine, resume_from_checkpoint, self.args.ignore_data_skip)
+        # The Trainer's skip counts batches as a fixed multiple of optimizer steps, which selection
+        # breaks; the engine's sampler skips the rows already read instead (without loading them).
+        return self.engine.epoch, 0
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         if self.selector is None:
             return super().get_batch_samples(epoch_iterator, num_batches, device)
-        if self._skip_on_resume:
-            self._skip_batches(epoch_iterator)
-        grad_accum = self.args.gradient_accumulation_steps
-        batch_size = self._train_batch_size
-        selecting = self._selection_on()
-        while not distributed.all_true(self.accelerator, len(self.queue) >= batch_size * grad_accum):
-            with self.stats.timer("data_seconds"):
-                batch = next(epoch_iterator, None)
-            if not distributed.all_true(self.accelerator, batch is not None):
-                self._end_epoch()
-                return [], None
-            self._consumed += 1
-            if not self._selection_inputs_checked:
-                self._check_selection_inputs(batch)
-            self._enqueue(batch, selecting)
-        with self.stats.timer("selection_overhead_seconds"):
-            micro_batches = [
-                {k: v.to(device, non_blocking=True) for k, v in self.queue.pop(batch_size).items()}
-                for _ in range(grad_accum)
-            ]
-        trained = batch_size * grad_accum
-        self.stats.training_forwards += trained
-        self.stats.backwards += trained
-        self.stats.optimizer_steps += 1
-        self._steps_in_epoch += 1
-        return micro_batches, self._get_num_items_in_batch(micro_batches, device)
-
-    def _check_selection_inputs(self, batch: dict) -> None:
-        """At the run's first batch, one selection forward on one example: a model that cannot take
-        --sb_selection_scale / --sb_selection_channels_last inputs fails now, not when the schedule
-        (sb_start, warm-up epochs) first turns selection on."""
-        self._selection_inputs_checked = True
-        if self.selector.needs_losses:
-            inputs = {k: v[:1] for k, v in batch.items() if k != self.args.sb_index_column}
-            self.scorer.check_inputs(self._selection_model(), inputs)
-
-    def _end_epoch(self) -> None:
-        self._fail_if_every_loss_was_nonfinite()
-        self._epoch_without_step = self._steps_in_epoch == 0
-        self.control.should_epoch_stop = True
-        self._epoch += 1
-        self._consumed = 0
-        self._steps_in_epoch = 0
-        self._epoch_scored = self._epoch_nonfinite = 0
-
-    def _fail_if_every_loss_was_nonfinite(self) -> None:
-        """Stop a run that cannot progress: every loss scored this epoch (on some rank) was NaN/inf.
-
-        Such rows are never kept, so nothing is trained; a step-based run would read epochs forever.
-        """
-        stuck = self._epoch_scored > 0 and self._epoch_nonfinite == self._epoch_scored
-        if distributed.all_true(self.accelerator, not stuck):
-            return
-        raise RuntimeError(
-            f"every per-example loss scored in epoch {self._epoch} was NaN or inf (this process: "
-            f"{self._epoch_nonfinite} of {self._epoch_scored} non-finite): selection never keeps such "
-            "examples, so training cannot make progress. The model's outputs are non-finite (diverged "
-            "weights, a too-high learning rate, or broken inputs/labels)."
-        )
-
-    def _skip_batches(self, epoch_iterator) -> None:
-        """Fast-forward a resumed epoch past the selection batches read before the checkpoint."""
-        for _ in range(self._skip_on_resume):
-            next(epoch_iterator)
-        self._consumed = self._skip_on_resume
-        self._skip_on_resume = 0
-        # As the Trainer does after skipping: continue with the RNG state of the checkpoint.
-        self._load_rng_state(self._resume_checkpoint)
-
-    def _selection_on(self) -> bool:
-        if self._epoch < self.args.sb_warmup_epochs:
-            return False
-        if is_interrupt_step(self.state.global_step, self.args.sb_interrupt):
-            return False
-        # The sb_start/sb_end window is a share of the run's progress, like the LR schedule.
-        total = self.state.max_steps
-        return in_selection_window(int(self.training_progress() * total), total, self.args.sb_start, self.args.sb_end)
-
-    def _is_stale_epoch(self) -> bool:
-        return (self._epoch - self.args.sb_warmup_epochs) % self.args.sb_staleness != 0
-
-    def _enqueue(self, batch: dict, selecting: bool) -> None:
-        size = _batch_length(batch)
-        self.stats.examples_seen += size
-        if not selecting:
-            rows = dict(batch)
-        else:
-            losses = self._losses_for(batch)
-            with self.stats.timer("selection_overhead_seconds"):
-                losses = losses.cpu()
-                population = None
-                if self.args.sb_history_scope == "global":
-                    # A stream without ids gathers placeholder ids: only the losses are used here.
-                    ids = batch.get(self.args.sb_index_column, torch.zeros(size, dtype=torch.int64))
-                    population = distributed.gather_pairs(self.accelerator, ids, losses)[1]
-                selection = self.selector.select(losses, self.generator, population=population)
-                self.stats.considered += size
-                self.stats.kept += selection.indices.numel()
-                nonfinite = int((~torch.isfinite(losses)).sum())
-                self.stats.nonfinite_losses += nonfinite
-                self._epoch_scored += size
-                self._epoch_nonfinite += nonfinite
-                indices = selection.indices.to(_batch_device(batch))
-                rows = {key: value[indices] for key, value in batch.items()}
-                if selection.weights is not None:
-                    rows[WEIGHT_KEY] = selection.weights.to(_batch_device(batch))
-        if self.selector.produces_weights and WEIGHT_KEY not in rows:
-            rows[WEIGHT_KEY] = torch.ones(_batch_length(rows), device=_batch_device(batch))
-        self.queue.push(rows)
-
-    def _losses_for(self, batch: dict) -> torch.Tensor:
-        """Per-example losses of a selection batch: a selection forward, or stored ones."""
-        size = _batch_length(batch)
-        if not self.selector.needs_losses:
-            return torch.zeros(size)
-        ids = batch.get(self.args.sb_index_column)  # None for a stream without ids (plain SB only)
-        if self.args.sb_staleness == 1:
-            return self._score(batch, ids)
-        if not self._is_stale_epoch():
-            return self._score(batch, ids)
-        losses, _ = self.store.lookup(ids)
-        unknown = torch.isnan(losses)
-        self.stats.stale_lookups += size - int(unknown.sum())
-        if unknown.any():
-            # Examples never scored (e.g. new ids) still need one forward to be ranked.
-            rows = unknown.nonzero().squeeze(1).to(ids.device)
-            subset = {key: value[rows] for key, value in batch.items()}
-            losses[unknown] = self._score(subset, ids[rows]).cpu()
-        elif self.accelerator.num_processes > 1:
-            # Keep the store's collective in lockstep with ranks that did score something.
-            self._record(ids[:0], torch.zeros(0))
-        return losses
-
-    def _score(self, batch: dict, ids: torch.Tensor) -> torch.Tensor:
-        inputs = {k: v for k, v in batch.items() if k != self.args.sb_index_column}
+        engine = self.engine
+        selecting = engine.selection_on(self.state.global_step, self.training_progress(), self.state.max_steps)
         model = self._selection_model()
-        with self.stats.timer("selection_forward_seconds"):
-            losses = self.scorer(model, inputs)
-        self.stats.selection_forwards += _batch_length(batch)
-        if self.args.sb_staleness > 1:
-            self._record(ids, losses)
-        return losses
-
-    def _record(self, ids: torch.Tensor, losses: torch.Tensor) -> None:
-        """Store losses of every rank's examples, so each rank holds the same store."""
-        all_ids, all_losses = distributed.gather_pairs(self.accelerator, ids, losses.detach())
-        self.store.update(all_ids, all_losses, self._epoch)
+        while not engine.ready():
+            batch = engine.read(epoch_iterator)
+            if not distributed.all_true(self.accelerator, batch is not None):
+                engine.end_epoch()
+                self.control.should_epoch_stop = True
+                return [], None
+            if not engine.inputs_checked:
+                engine.check_inputs(batch, model)
+            engine.add_batch(batch, selecting, model)
+        micro_batches = engine.next_step(device)
+        return micro_batches, self._get_num_items_in_batch(micro_batches, device)
 
     def _selection_model(self) -> torch.nn.Module:
         # Under DDP a forward of the wrapper syncs buffers, a collective that ranks scoring
@@ -464,15 +215,6 @@ class SelectiveBackpropTrainer(Trainer):
             return wrapped.module
         return wrapped
 
-    def training_progress(self) -> float:
-        """Fraction of the run done: data read (epoch-based runs) or optimizer steps."""
-        if self._epoch_based:
-            epochs = self._epoch + self._consumed / self._plan.selection_batches_per_epoch
-            return min(epochs / self.args.num_train_epochs, 1.0)
-        return min(self.state.global_step / self.state.max_steps, 1.0)
-
-    # ---- losses during training and evaluation --------------------------------------------
-
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.selector is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -481,30 +223,30 @@ class SelectiveBackpropTrainer(Trainer):
         weights = inputs.pop(WEIGHT_KEY, None)
         labels = inputs.get(self.label_name)
         loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
-        if model.training and labels is not None and (weights is not None or self._refreshes_store()):
+        refresh = self.engine.records_training_losses and ids is not None
+        if model.training and labels is not None and (weights is not None or refresh):
             if weights is None:
                 per_example = self.per_example_loss_func(outputs, labels)
             else:
-                # Same normaliser as the model's own loss: the step's item count (tokens for token-level
-                # losses) when the Trainer passes one (the loss is then already scaled for accumulation).
                 loss, per_example = weighted_loss(self.per_example_loss_func, outputs, labels, weights,
                                                   num_items_in_batch)
-                if (
-                    self.args.average_tokens_across_devices
-                    and (self.model_accepts_loss_kwargs or self.compute_loss_func)
-                    and num_items_in_batch is not None
-                ):
-                    # The count is then summed over ranks, and DDP averages gradients over ranks:
-                    # scale back up exactly as Trainer.compute_loss scales the model's own loss.
-                    n_gpu = self.args.n_gpu
-                    loss = loss * (self.accelerator.num_processes // self.get_tp_size() if n_gpu <= 1 else n_gpu)
-            if self._refreshes_store() and ids is not None:
+                loss = loss * self._loss_scale(num_items_in_batch)
+            if refresh:
                 # A trained example's training-forward loss is fresher than its stored one.
-                self._record(ids, per_example.detach().float().cpu())
+                self.engine.observe(ids, per_example.detach().float().cpu())
         return (loss, outputs) if return_outputs else loss
 
-    def _refreshes_store(self) -> bool:
-        return self.args.sb_staleness > 1
+    def _loss_scale(self, num_items_in_batch) -> int:
+        """What Trainer.compute_loss multiplies the model's loss by: with a token count summed over
+        ranks, DDP's gradient averaging is undone by the number of processes."""
+        if (
+            self.args.average_tokens_across_devices
+            and (self.model_accepts_loss_kwargs or self.compute_loss_func)
+            and num_items_in_batch is not None
+        ):
+            n_gpu = self.args.n_gpu
+            return self.accelerator.num_processes // self.get_tp_size() if n_gpu <= 1 else n_gpu
+        return 1
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         if self.selector is not None:
@@ -514,24 +256,14 @@ class SelectiveBackpropTrainer(Trainer):
     def evaluate(self, *args, **kwargs):
         if self.selector is None:
             return super().evaluate(*args, **kwargs)
-        with self.stats.timer("eval_seconds"):
+        with self.engine.stats.timer("eval_seconds"):
             return super().evaluate(*args, **kwargs)
 
-    # ---- accounting -------------------------------------------------------------------------
+    # ---- accounting ----------------------------------------------------------------------------
 
     def selection_summary(self) -> dict:
-        """Counters summed over processes plus derived figures (collective: call on every rank).
-
-        ``optimizer_steps`` is not summed: every rank takes each step together (the same number
-        on each), so examples backpropagated = optimizer_steps x batch x accumulation x processes.
-        """
-        state = self.stats.state_dict()
-        totals = distributed.sum_over_processes(self.accelerator, {k: state[k] for k in COUNTERS})
-        totals = {k: int(v) for k, v in totals.items()}
-        totals["optimizer_steps"] = int(state["optimizer_steps"])
-        totals.update({k: state[k] for k in TIMERS})
-        wall = time.perf_counter() - getattr(self, "_train_start", time.perf_counter())
-        return summarize(totals, wall)
+        """The run's counters summed over processes, with derived figures (a collective)."""
+        return run_summary(self.accelerator, self.engine.stats, getattr(self, "_train_start", None))
 
     def log(self, logs, start_time=None):
         if self.selector is not None and ("loss" in logs or "train_runtime" in logs):
@@ -570,137 +302,24 @@ class SelectiveBackpropTrainer(Trainer):
                     return
         super().create_model_card(*args, **kwargs)
 
-    # ---- checkpoints --------------------------------------------------------------------------
+    # ---- checkpoints ---------------------------------------------------------------------------
 
     def _save_checkpoint(self, model, trial):
         if self.selector is None:
             return super()._save_checkpoint(model, trial)
-        with self.stats.timer("save_seconds"):
+        with self.engine.stats.timer("save_seconds"):
             # Selection state first: the Trainer writes trainer_state.json after the weights, optimizer
             # and RNG files and rotates old checkpoints only after that, so trainer_state.json marks a
             # complete checkpoint and a kill mid-save never leaves only incomplete ones (docs/reliability.md).
             folder = os.path.join(self._get_output_dir(trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
-            if self.args.should_save:
-                atomic_save(self._shared_state(), os.path.join(folder, STATE_FILE))
-            atomic_save(self._rank_state(), os.path.join(folder, RANK_STATE_FILE.format(rank=self.args.process_index)))
+            checkpointing.save(self.engine, folder, self.args.should_save)
             if self.accelerator.num_processes > 1:
                 self.accelerator.wait_for_everyone()
             super()._save_checkpoint(model, trial)
 
-    def _shared_state(self) -> dict:
-        """State that is identical on every rank: saved once."""
-        return {
-            "selector": self.selector.state_dict(),
-            "store": self.store.state_dict(),
-            "epoch": self._epoch,
-            "consumed": self._consumed,
-            "world_size": self.accelerator.num_processes,
-        }
-
-    def _rank_state(self) -> dict:
-        return {
-            "generator": self.generator.get_state(),
-            "queue": self.queue.state_dict(),
-            "stats": self.stats.state_dict(),
-            # Per rank too: a 'local' history scope (or kath18's running tau) differs between ranks.
-            "selector": self.selector.state_dict(),
-        }
-
-    def _load_selection_state(self, checkpoint: str) -> None:
-        path = os.path.join(checkpoint, STATE_FILE)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"{checkpoint} has no {STATE_FILE}: it was not written by SelectiveBackpropTrainer, so the "
-                "selection state (loss history, per-example store, position in the epoch) cannot be restored. "
-                "Resume it with transformers.Trainer, or start a new run from its weights."
-            )
-        shared = torch.load(path, weights_only=False)
-        self.selector.load_state_dict(shared["selector"])
-        self.store.load_state_dict(shared["store"])
-        self._epoch, self._skip_on_resume = shared["epoch"], shared["consumed"]
-        self._resume_checkpoint = checkpoint
-        rank_path = os.path.join(checkpoint, RANK_STATE_FILE.format(rank=self.args.process_index))
-        if shared["world_size"] == self.accelerator.num_processes and not os.path.isfile(rank_path):
-            raise FileNotFoundError(
-                f"{checkpoint} has no {os.path.basename(rank_path)}: this process's queue, generator and counters "
-                "cannot be restored, so the resumed run would not continue the saved one"
-            )
-        if shared["world_size"] == self.accelerator.num_processes:
-            rank = torch.load(rank_path, weights_only=False)
-            self.generator.set_state(rank["generator"])
-            self.queue.clear()
-            self._push_saved_queue(rank["queue"])
-            self.stats.load_state_dict(rank["stats"])
-            if "selector" in rank:
-                self.selector.load_state_dict(rank["selector"])
-        else:
-            self._adopt_rank_states(checkpoint, shared["world_size"])
-
-    def _push_saved_queue(self, state: dict) -> None:
-        # Saved rows are on the CPU; new rows arrive on the device, and a popped batch may join both.
-        self.queue.push({key: value.to(self.args.device) for key, value in state["rows"].items()})
-
-    def _adopt_rank_states(self, checkpoint: str, old_world: int) -> None:
-        """Resume with another number of processes than the checkpoint was saved by.
-
-        Every rank reads the same number of selection batches, dealt in turn from one shuffled
-        order that does not depend on the number of processes: ``consumed`` batches per old rank
-        are ``consumed * old_world`` batches of that order, so each new rank skips
-        ``floor(consumed * old_world / world)`` (rounding down re-reads at most one batch per
-        rank instead of skipping unread ones). Old rank r's queued rows and counters go to new
-        rank ``r % world``; new rank r continues old rank r's generator and selector state.
-        """
-        world, rank = self.accelerator.num_processes, self.args.process_index
-        self._skip_on_resume = self._skip_on_resume * old_world // world
-        adopted = []
-        for old_rank in range(rank, old_world, world):
-            path = os.path.join(checkpoint, RANK_STATE_FILE.format(rank=old_rank))
-            if os.path.isfile(path):
-                adopted.append((old_rank, torch.load(path, weights_only=False)))
-        self.queue.clear()
-        for old_rank, state in adopted:
-            self._push_saved_queue(state["queue"])
-            if old_rank == rank:
-                self.generator.set_state(state["generator"])
-                if "selector" in state:
-                    self.selector.load_state_dict(state["selector"])
-        if adopted:
-            merged = {name: 0 for name in COUNTERS}
-            for _, state in adopted:
-                for name in COUNTERS:
-                    merged[name] += state["stats"].get(name, 0)
-            # A step is taken by all ranks together; times are per process.
-            merged["optimizer_steps"] = max(state["stats"].get("optimizer_steps", 0) for _, state in adopted)
-            for name in TIMERS:
-                merged[name] = max(state["stats"].get(name, 0.0) for _, state in adopted)
-            self.stats.load_state_dict(merged)
-        warnings.warn(
-            f"{checkpoint} was saved by {old_world} processes and this run has {world}: the shared loss "
-            f"history and store are restored; this process takes over the queued rows and counters of old "
-            f"rank(s) {[old for old, _ in adopted]} and skips {self._skip_on_resume} selection batches of the "
-            "resumed epoch. The run continues, but not bit for bit as it would have with the same processes.",
-            stacklevel=2,
-        )
-
 
 def _lambda_at_progress(fn, trainer: SelectiveBackpropTrainer, total_steps: int, step: int) -> float:
-    if not trainer._epoch_based:
+    if not trainer.engine.epoch_based:
         return fn(step)
     return fn(round(trainer.training_progress() * total_steps))
-
-
-def _column_values(dataset: HFDataset, column: str) -> numpy.ndarray:
-    """A datasets.Dataset column as a NumPy array, fast: the Arrow column, then the row mapping that
-    select/shuffle/filter leave (reading through the dataset's formatting takes minutes for 1M rows)."""
-    values = dataset.data.column(column).to_numpy()
-    mapping = getattr(dataset, "_indices", None)
-    return values if mapping is None else values[mapping.column(0).to_numpy()]
-
-
-def _batch_length(batch: dict) -> int:
-    return next(iter(batch.values())).shape[0]
-
-
-def _batch_device(batch: dict) -> torch.device:
-    return next(iter(batch.values())).device

@@ -3,6 +3,8 @@
     python scripts/train.py --dataset ../shared/data/cifar10 --model resnet18 \
         --sb_strategy sb --sb_beta 2 --num_train_epochs 1 --output_dir outputs/cifar10-sb
 
+A checkpoint is saved every epoch (--save_strategy); after an interruption the same command plus
+`--resume_from_checkpoint True` (or `last`) continues from the last complete one in --output_dir.
 Works the same under `accelerate launch` (see configs/accelerate/). Every flag: --help.
 """
 

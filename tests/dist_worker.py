@@ -30,7 +30,10 @@ from transformers import Trainer
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import user_strategy  # noqa: E402,F401  (registers --sb_strategy easiest, defined outside the package)
+
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer  # noqa: E402
+from hf_selective_backprop.engine import SelectionEngine  # noqa: E402
 from hf_selective_backprop.trainer import WEIGHT_KEY  # noqa: E402
 
 CLASSES = 4
@@ -82,33 +85,43 @@ def make_loss_func(mode: str, rank: int):
     return per_example_loss
 
 
-class RecordingTrainer(SelectiveBackpropTrainer):
-    """Records what each rank scored and read, and what a resume restored."""
+class RecordingEngine(SelectionEngine):
+    """Records what each rank fed its strategy and read, and what a resume restored."""
 
-    def _reset_selection_state(self):
-        super()._reset_selection_state()
-        self.selection_losses = []  # losses of each selection batch, in order
-        self.read = []  # (epoch, ids) of each selection batch read
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.selection_losses = []  # losses each strategy call selected from, in order
+        self.reads = []  # (epoch, ids) of each selection batch read
         self.restored = None
+        select = self.selector.select
 
-    def _losses_for(self, batch):
-        losses = super()._losses_for(batch)
-        self.selection_losses.append(losses.detach().cpu().clone())
-        return losses
+        def recording_select(losses, generator, population=None):
+            self.selection_losses.append(losses.detach().cpu().clone())
+            return select(losses, generator, population)
 
-    def _enqueue(self, batch, selecting):
-        self.read.append((self._epoch, batch[self.args.sb_index_column].cpu().clone()))
-        return super()._enqueue(batch, selecting)
+        self.selector.select = recording_select
 
-    def _load_selection_state(self, checkpoint):
-        super()._load_selection_state(checkpoint)
-        self.restored = {
-            "selector": self.selector.state_dict(),
-            "store": self.store.state_dict(),
-            "epoch": self._epoch,
-            "skip": self._skip_on_resume,
-            "queue": len(self.queue),
-        }
+    def add_batch(self, batch, selecting, model):
+        self.reads.append((self.epoch, batch[self.index_column].cpu().clone()))
+        return super().add_batch(batch, selecting, model)
+
+    def begin_epoch(self, epoch, num_epochs, epoch_based):
+        if self.resumed_position is not None and self.restored is None:
+            epoch, plan, rows = self.resumed_position
+            self.restored = {
+                "selector": self.selector.state_dict(),
+                "store": self.store.state_dict(),
+                "epoch": epoch,
+                "skip": rows // (self.selection_batch_size * self.accelerator.num_processes),
+                "queue": len(self.queue),
+                # The ids the resumed epoch loads at all (every id without a plan made before loading).
+                "planned": None if plan is None else (plan.loads(torch.arange(len(plan.copies))) > 0).nonzero(),
+            }
+        super().begin_epoch(epoch, num_epochs, epoch_based)
+
+
+class RecordingTrainer(SelectiveBackpropTrainer):
+    engine_class = RecordingEngine
 
 
 def weighted_loss_check(trainer, dataset, rank: int) -> dict:
@@ -138,6 +151,7 @@ def main() -> None:
     parser.add_argument("--grad-accum", type=int, default=1)
     parser.add_argument("--epochs", type=float, default=2)
     parser.add_argument("--keep", type=float, default=1 / 3)
+    parser.add_argument("--strategy", default="sb", help="any --sb_strategy, or 'easiest' (tests/user_strategy.py)")
     parser.add_argument("--history", type=int, default=1024)
     parser.add_argument("--scope", choices=["global", "local"], default="global")
     parser.add_argument("--staleness", type=int, default=1)
@@ -161,7 +175,7 @@ def main() -> None:
         report_to="none",
         disable_tqdm=True,
         dataloader_num_workers=0,
-        sb_strategy="sb",
+        sb_strategy=args.strategy,
         sb_keep=args.keep,
         sb_history_size=args.history,
         sb_history_scope=args.scope,
@@ -188,14 +202,15 @@ def main() -> None:
         "distributed_type": str(trainer.accelerator.distributed_type),
         "weights": {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()},
         "global_step": trainer.state.global_step,
+        "selector_state": trainer.selector.state_dict(),
         "history": history.values() if history is not None else None,
-        "store": trainer.store.state_dict(),
-        "queue": len(trainer.queue),
-        "stats": trainer.stats.state_dict(),
+        "store": trainer.engine.store.state_dict(),
+        "queue": len(trainer.engine.queue),
+        "stats": trainer.engine.stats.state_dict(),
         "sb_stats": trainer.sb_stats,
-        "selection_losses": trainer.selection_losses,
-        "read": trainer.read,
-        "restored": trainer.restored,
+        "selection_losses": trainer.engine.selection_losses,
+        "read": trainer.engine.reads,
+        "restored": trainer.engine.restored,
         "selection_batches_per_epoch": trainer._plan.selection_batches_per_epoch,
         "rows_per_epoch": trainer._plan.rows_per_epoch,
         "warnings": [str(w.message) for w in caught],

@@ -58,9 +58,9 @@ def final_state(trainer: SelectiveBackpropTrainer) -> dict:
         "weights": {k: v.detach().clone() for k, v in trainer.model.state_dict().items()},
         "global_step": trainer.state.global_step,
         "history": trainer.selector.state_dict(),
-        "store": trainer.store.state_dict(),
-        "queue": trainer.queue.state_dict(),
-        "generator": trainer.generator.get_state(),
+        "store": trainer.engine.store.state_dict(),
+        "queue": trainer.engine.queue.state_dict(),
+        "generator": trainer.engine.generator.get_state(),
         "stats": trainer.sb_stats,
     }
 

@@ -1,8 +1,11 @@
+import math
+
+import numpy as np
 import pytest
 from transformers import HfArgumentParser
 
 from hf_selective_backprop import SelectiveBackpropConfig
-from hf_selective_backprop.config import STRATEGIES
+from hf_selective_backprop.selectors import strategy_names
 
 
 def make(**overrides):
@@ -33,6 +36,26 @@ def make(**overrides):
         ("sb_selection_scale", 0.0),
         ("sb_selection_scale", 2.0),
         ("sb_history_scope", "world"),
+        # Infinity and NaN: every float flag. sb_beta=inf used to reach plan.py as a kept fraction of 0.
+        ("sb_beta", math.inf),
+        ("sb_beta", math.nan),
+        ("sb_keep", math.nan),
+        ("sb_min_prob", math.nan),
+        ("sb_start", math.nan),
+        ("sb_end", math.nan),
+        ("sb_presample", math.inf),
+        ("sb_presample", math.nan),
+        ("sb_selection_scale", math.nan),
+        # Counts given from Python as floats.
+        ("sb_history_size", math.inf),
+        ("sb_staleness", 2.5),
+        ("sb_selection_batch_size", math.inf),
+        ("sb_interrupt", math.nan),
+        # Batch sizes used to fail in torch's sampler, after decoding the data and building the model.
+        ("per_device_train_batch_size", 0),
+        ("per_device_eval_batch_size", 0),
+        ("gradient_accumulation_steps", 0),
+        ("gradient_accumulation_steps", -1),
     ],
 )
 def test_invalid_flag_names_itself_and_the_allowed_values(flag, value):
@@ -69,8 +92,36 @@ def test_every_sb_flag_has_help_and_parses_from_the_command_line():
     assert len(sb_actions) >= 20
     for name, action in sb_actions.items():
         assert action.help and len(action.help) > 20, name
-    assert sb_actions["sb_strategy"].choices == list(STRATEGIES)
+    # Open to registered strategies, so the parser lists no fixed choices; validation checks the registry.
+    assert sb_actions["sb_strategy"].choices is None
+    assert {"none", "sb", "topk", "composer", "kath18", "uniform"} <= set(strategy_names())
     (config,) = parser.parse_args_into_dataclasses(
         ["--output_dir", "o", "--use_cpu", "--sb_strategy", "topk", "--sb_keep", "0.25", "--sb_staleness", "3"]
     )
     assert (config.sb_strategy, config.sb_keep, config.sb_staleness) == ("topk", 0.25, 3)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--sb_beta", "inf"], "--sb_beta must be a finite number > 0, got inf"),
+        (["--sb_keep", "nan"], "--sb_keep must be in (0, 1], got nan"),
+        (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be an integer >= 1, got 0"),
+        (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be an integer >= 1, got 0"),
+    ],
+)
+def test_command_line_values_are_refused_when_the_config_is_built(argv, message):
+    parser = HfArgumentParser(SelectiveBackpropConfig)
+    with pytest.raises(ValueError) as error:
+        parser.parse_args_into_dataclasses(["--output_dir", "o", "--use_cpu", *argv])
+    assert str(error.value) == message
+
+
+def test_numpy_integers_are_counts_too():
+    config = make(per_device_train_batch_size=np.int64(8), sb_staleness=np.int32(2))
+    assert (config.per_device_train_batch_size, config.sb_staleness) == (8, 2)
+
+
+def test_large_finite_values_are_accepted():
+    assert make(sb_beta=1e6).sb_keep_fraction == pytest.approx(1e-6)
+    assert make(sb_strategy="kath18", sb_presample=1e6).sb_presample_value == 1e6

@@ -1,6 +1,7 @@
 """Vision data pipeline: Hub-layout loading, ids, decode, augmentation, label noise, errors."""
 
 import io
+import re
 import time
 from pathlib import Path
 
@@ -385,3 +386,132 @@ def test_decode_scales_16_bit_png_to_8_bit():
     deep = np.array([[0, 256, 65535]], dtype=np.uint16)
     out = decode_one(encoded(Image.fromarray(deep)), 1)
     assert out.dtype == torch.uint8 and out.flatten().tolist() == [0, 1, 255]
+
+
+# ---- hostile inputs: errors name the split, column and row, before anything is decoded --------
+
+
+def write_rows(folder: Path, splits: dict[str, tuple[list, list]], label_feature=None) -> Path:
+    """A Hub-layout folder whose splits hold the given (image cells, labels); integer labels by default."""
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    (folder / "data").mkdir(parents=True, exist_ok=True)
+    for split, (images, labels) in splits.items():
+        table = datasets.Dataset.from_dict({"image": images, "label": labels}, features=features)
+        if label_feature is not None:
+            # An Arrow cast of the column alone keeps ids outside the names, as a damaged file would.
+            table = table.cast_column("label", label_feature)
+        table.to_parquet(str(folder / "data" / f"{split}-00000-of-00001.parquet"))
+    return folder
+
+
+def png_cells(count: int, seed: int = 0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    return [encoded(random_image(rng, size=(8, 8))) for _ in range(count)]
+
+
+@pytest.fixture
+def no_decoding(monkeypatch):
+    """Fails the test if any image is decoded: label and split errors must come first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("images were decoded before the error")
+
+    monkeypatch.setattr("hf_selective_backprop.data.datasets.decode_images", refuse)
+
+
+def stray_label_folder(tmp_path) -> Path:
+    """Integer labels 0..9, plus one 11 at train row 7 (a typo: there is no class 10)."""
+    labels = [i % 10 for i in range(30)]
+    labels[7] = 11
+    return write_rows(tmp_path / "stray", {"train": (png_cells(30), labels), "test": (png_cells(10), list(range(10)))})
+
+
+def test_a_stray_integer_label_is_an_error_naming_its_row_not_an_extra_class(tmp_path, no_decoding):
+    folder = stray_label_folder(tmp_path)
+    with pytest.raises(ValueError) as error:
+        load(folder, tmp_path)
+    message = str(error.value)
+    assert "label column 'label'" in message and "not the contiguous 0..11: 10 never occurs" in message
+    assert "--train_split 'train': row 7 = 11 (1 row)" in message and "--eval_split" not in message
+    assert "pass --num_labels 12" in message
+    # The user's own class count: 11 is then outside it, reported with its row.
+    with pytest.raises(ValueError, match=r"--train_split 'train', label column 'label': labels must be class ids in "
+                       r"\[0, 9\] \(10 classes, from --num_labels 10: .*row 7 = 11 \(1 row\); fix or drop those "
+                       r"rows, or raise --num_labels"):
+        load(folder, tmp_path, num_labels=10)
+
+
+def test_num_labels_declares_classes_that_have_no_example(tmp_path):
+    data = load(stray_label_folder(tmp_path), tmp_path, num_labels=12)
+    assert data.num_labels == 12 and data.label_names == [str(i) for i in range(12)]
+    assert data.train.labels[7] == 11
+
+
+def test_inferred_class_count_is_logged_and_counts_rows_beyond_the_subset(tmp_path, caplog):
+    folder = write_rows(tmp_path / "ints", {"train": (png_cells(12), [i % 4 for i in range(12)]),
+                                            "test": (png_cells(4), [0, 1, 2, 5])})
+    with pytest.raises(ValueError, match=r"4 never occurs.*--eval_split 'test': row 3 = 5 \(1 row\)"):
+        load(folder, tmp_path)
+    caplog.set_level("INFO", logger="hf_selective_backprop.data.datasets")
+    data = load(folder, tmp_path, eval_split="none", max_train_samples=3)
+    assert data.num_labels == 4  # the first 3 rows hold 0..2, the split 0..3
+    assert "label column 'label': 4 classes inferred from its integer ids 0..3 in --train_split 'train'" in caplog.text
+
+
+def test_labels_outside_the_classlabel_names_name_split_row_and_names(tmp_path, no_decoding):
+    names = datasets.ClassLabel(names=["cat", "dog"])
+    folder = write_rows(tmp_path / "named", {"train": (png_cells(6), [0, 1, 0, 1, 0, 1]),
+                                             "test": (png_cells(4), [0, -1, 1, 5])}, names)
+    with pytest.raises(ValueError, match=r"--eval_split 'test', label column 'label': labels must be class ids in "
+                       r"\[0, 1\] \(2 classes, from the ClassLabel names of column 'label': cat, dog\), found "
+                       r"row 1 = -1, row 3 = 5 \(2 rows\); fix or drop those rows$"):
+        load(folder, tmp_path)
+    with pytest.raises(ValueError, match=r"--num_labels 3 disagrees with label column 'label', which declares 2 "
+                       r"classes \(cat, dog\); drop --num_labels"):
+        load(folder, tmp_path, num_labels=3)
+
+
+def test_a_missing_label_names_its_row(tmp_path, no_decoding):
+    folder = write_rows(tmp_path / "holes", {"train": (png_cells(4), [0, 1, None, 1]), "test": (png_cells(2), [0, 1])})
+    with pytest.raises(ValueError, match=r"--train_split 'train', label column 'label': no label at row 2; fix or "
+                       r"drop that row"):
+        load(folder, tmp_path)
+
+
+def test_num_labels_must_be_positive_and_parses():
+    with pytest.raises(ValueError, match="--num_labels must be >= 1, got 0"):
+        DataArguments(num_labels=0)
+    (args,) = HfArgumentParser(DataArguments).parse_args_into_dataclasses(["--num_labels", "12"])
+    assert args.num_labels == 12
+
+
+@pytest.mark.parametrize(
+    "cell, expected",
+    [
+        ({"bytes": b"\x00\x01\x02\x03\x04\x05\x06\x07\x08", "path": None},
+         r"it starts with b'\\x00\\x01\\x02\\x03\\x04\\x05\\x06\\x07'\.\.: not PNG/JPEG/GIF/BMP/TIFF/WebP; "),
+        ("truncated PNG", r"it starts with b'\\x89PNG\\r\\n\\x1a\\n'\.\., a PNG header, but its 40 bytes do not "
+                          r"decode \(RuntimeError: "),
+        ({"bytes": b"", "path": None}, r"it is empty \(0 bytes\); "),
+    ],
+    ids=["not_an_image", "truncated_png", "empty"],
+)
+def test_a_corrupt_image_names_its_row_column_and_what_its_bytes_are(cell, expected, tmp_path):
+    cells = png_cells(5)
+    cells[3] = {"bytes": cells[3]["bytes"][:40], "path": None} if cell == "truncated PNG" else cell
+    folder = write_rows(tmp_path / "broken", {"train": (cells, [0, 1, 0, 1, 0]), "test": (png_cells(2), [0, 1])})
+    with pytest.raises(ValueError) as error:
+        load(folder, tmp_path)
+    message = str(error.value)
+    assert message.startswith(f"{folder.resolve()} [train], image column 'image': the image at row 3 cannot be decoded")
+    assert re.search(expected, message), message
+    assert message.endswith("fix or drop that row")
+
+
+def test_unreadable_cells_name_their_row(tmp_path):
+    cells = png_cells(3)
+    missing = {"bytes": None, "path": str(tmp_path / "missing.png")}
+    with pytest.raises(ValueError, match=r"^here: row 1 refers to the file '.*missing\.png', which cannot be read"):
+        decode_images([cells[0], missing, cells[2]], 3, where="here")
+    with pytest.raises(ValueError, match=r"^images: row 2 holds no image \(neither bytes nor a path\)"):
+        decode_images([cells[0], cells[1], None], 3)

@@ -106,13 +106,13 @@ def test_nonfinite_examples_are_counted_never_stored_and_never_trained(staleness
     history = trainer.selector.history.values()
     assert bool(torch.isfinite(history).all()) and history.numel() == (96 - 12) * 3
     if staleness > 1:
-        losses, epochs = trainer.store.lookup(torch.arange(96))
+        losses, epochs = trainer.engine.store.lookup(torch.arange(96))
         assert bool(torch.isnan(losses[:12]).all()) and bool((epochs[:12] == -1).all())
         assert bool(torch.isfinite(losses[12:]).all())
         assert stats["selection_forwards"] == 96 + 2 * 12
         assert stats["stale_lookups"] == 2 * (96 - 12)
     else:
-        assert len(trainer.store) == 0
+        assert len(trainer.engine.store) == 0
 
 
 def test_an_all_nan_selection_batch_is_skipped(output_dir):
@@ -185,7 +185,7 @@ def test_selection_batches_smaller_than_the_training_batch_fill_every_micro_batc
                     sb_selection_batch_size=3, gradient_accumulation_steps=2, num_train_epochs=2)
     assert {len(ids) for ids in trainer.micro_batches} == {8}
     assert len(trainer.micro_batches) == 2 * trainer.state.global_step > 0
-    assert trainer.sb_stats["backwards"] == trainer.sb_stats["kept"] - len(trainer.queue)
+    assert trainer.sb_stats["backwards"] == trainer.sb_stats["kept"] - len(trainer.engine.queue)
 
 
 def test_index_column_with_gaps_works_under_stale_sb(output_dir):
@@ -193,8 +193,8 @@ def test_index_column_with_gaps_works_under_stale_sb(output_dir):
     ids = [10 * i + 7 for i in range(64)]
     trainer = train(output_dir, dataset(x, y, index=ids), model=TinyClassifier(), sb_staleness=2,
                     num_train_epochs=2)
-    assert len(trainer.store) == max(ids) + 1
-    stored = torch.isfinite(trainer.store.losses).nonzero().squeeze(1)
+    assert len(trainer.engine.store) == max(ids) + 1
+    stored = torch.isfinite(trainer.engine.store.losses).nonzero().squeeze(1)
     assert stored.tolist() == ids
     assert trainer.sb_stats["stale_lookups"] == 64
     assert set(torch.cat(trainer.micro_batches).tolist()) <= set(ids)

@@ -88,3 +88,10 @@ def test_pretrained_weights_are_loaded_into_the_wrapper(monkeypatch):
     assert expected.keys() == model.timm_model.state_dict().keys()
     for name, tensor in model.timm_model.state_dict().items():
         assert torch.equal(tensor, expected[name]), name
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.0, float("nan"), float("inf")])
+def test_drop_rate_outside_0_1_is_refused_before_any_model_is_built(rate):
+    with pytest.raises(ValueError, match=rf"--drop_rate must be in \[0, 1\), got {rate!r}"):
+        ModelArguments(drop_rate=rate)
+    assert ModelArguments(drop_rate=0.5).drop_rate == 0.5

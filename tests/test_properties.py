@@ -188,16 +188,23 @@ class RecordingTrainer(SelectiveBackpropTrainer):
         self.trained.append(inputs["index"].clone())  # before compute_loss pops it
         return super().training_step(model, inputs, num_items_in_batch)
 
-    def _enqueue(self, batch, selecting):
+    def _build_engine(self):
+        engine = super()._build_engine()
         self.kept = getattr(self, "kept", [])
-        queue, pushed = self.queue, []
-        push = queue.push
-        queue.push = lambda rows: (pushed.append(rows["index"].clone()), push(rows))
-        try:
-            super()._enqueue(batch, selecting)
-        finally:
-            del queue.push
-        self.kept.append((self._epoch, torch.cat(pushed) if pushed else torch.zeros(0, dtype=torch.int64)))
+        add_batch = engine.add_batch
+
+        def recording_add_batch(batch, selecting, model):
+            queue, pushed = engine.queue, []
+            push = queue.push
+            queue.push = lambda rows: (pushed.append(rows["index"].clone()), push(rows))
+            try:
+                add_batch(batch, selecting, model)
+            finally:
+                del queue.push
+            self.kept.append((engine.epoch, torch.cat(pushed) if pushed else torch.zeros(0, dtype=torch.int64)))
+
+        engine.add_batch = recording_add_batch
+        return engine
 
 
 N, EPOCHS = 40, 2
@@ -241,7 +248,7 @@ def test_trainer_trains_kept_rows_once_per_epoch_in_full_batches(
     assert len(trainer.trained) == accumulation * trainer.state.global_step
     assert torch.equal(trained, kept[: trained.numel()])  # FIFO: trained rows are the kept rows in order
     stats = trainer.sb_stats
-    assert stats["backwards"] == trained.numel() == kept.numel() - len(trainer.queue)
+    assert stats["backwards"] == trained.numel() == kept.numel() - len(trainer.engine.queue)
     assert stats["examples_seen"] == EPOCHS * N
 
 
@@ -251,5 +258,5 @@ def test_trainer_sizes_the_store_for_the_largest_id_before_training(output_dir):
     trainer = SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=data,
                                        args=make_config(output_dir, sb_strategy="sb", sb_staleness=2))
     trainer.get_train_dataloader()
-    assert len(trainer.store) == max(ids) + 1  # one allocation, not one per larger id seen
-    assert bool(torch.isnan(trainer.store.losses).all())
+    assert len(trainer.engine.store) == max(ids) + 1  # one allocation, not one per larger id seen
+    assert bool(torch.isnan(trainer.engine.store.losses).all())

@@ -115,13 +115,15 @@ def assert_same_run(resumed: SelectiveBackpropTrainer, reference: SelectiveBackp
     assert torch.equal(
         resumed.selector.state_dict()["history"]["values"], reference.selector.state_dict()["history"]["values"]
     )
-    torch.testing.assert_close(resumed.store.losses, reference.store.losses, rtol=0, atol=0, equal_nan=True)
-    assert torch.equal(resumed.store.epochs, reference.store.epochs)
-    ours, theirs = resumed.queue.state_dict()["rows"], reference.queue.state_dict()["rows"]
+    torch.testing.assert_close(
+        resumed.engine.store.losses, reference.engine.store.losses, rtol=0, atol=0, equal_nan=True
+    )
+    assert torch.equal(resumed.engine.store.epochs, reference.engine.store.epochs)
+    ours, theirs = resumed.engine.queue.state_dict()["rows"], reference.engine.queue.state_dict()["rows"]
     assert ours.keys() == theirs.keys()
     for key in ours:
         assert torch.equal(ours[key], theirs[key]), key
-    assert torch.equal(resumed.generator.get_state(), reference.generator.get_state())
+    assert torch.equal(resumed.engine.generator.get_state(), reference.engine.generator.get_state())
     for key in COUNTERS:
         assert resumed.sb_stats[key] == reference.sb_stats[key], key
 

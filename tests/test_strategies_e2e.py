@@ -30,16 +30,24 @@ class RecordingTrainer(SelectiveBackpropTrainer):
         return losses
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
-        seen, considered = self.stats.examples_seen, self.stats.considered
+        seen, considered = self.engine.stats.examples_seen, self.engine.stats.considered
         batches, count = super().get_batch_samples(epoch_iterator, num_batches, device)
         if batches:
             step = self.state.global_step
-            self.steps.append((step, self.stats.examples_seen - seen, self.stats.considered - considered))
+            stats = self.engine.stats
+            self.steps.append((step, stats.examples_seen - seen, stats.considered - considered))
         return batches, count
 
-    def _score(self, batch, ids):
-        self.scored.append(len(ids))
-        return super()._score(batch, ids)
+    def _build_engine(self):
+        engine = super()._build_engine()
+        score = engine._score
+
+        def recording_score(batch, ids, model):
+            self.scored.append(len(ids))
+            return score(batch, ids, model)
+
+        engine._score = recording_score
+        return engine
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.micro_batches.append({k: v.clone() for k, v in inputs.items()})
@@ -93,16 +101,19 @@ def test_every_strategy_trains_full_batches_and_keeps_what_its_rule_says(output_
     assert {len(batch["index"]) for batch in trainer.micro_batches} == {BATCH}
     assert len(trainer.micro_batches) == stats["optimizer_steps"] == trainer.state.global_step > 0
     assert stats["examples_seen"] == stats["considered"] == EPOCHS * N
-    assert stats["backwards"] == stats["training_forwards"] == stats["kept"] - len(trainer.queue)
+    assert stats["backwards"] == stats["training_forwards"] == stats["kept"] - len(trainer.engine.queue)
     strategy = overrides["sb_strategy"]
     if strategy == "kath18":
         # One training batch drawn (with replacement) per selection batch of presample x batch rows.
         sizes = selection_batch_sizes(N, math.ceil(3 * BATCH))
         assert trainer.scored == sizes * EPOCHS
         assert stats["kept"] == EPOCHS * BATCH * len(sizes)
-    elif strategy in ("topk", "composer", "uniform"):
+    elif strategy in ("topk", "composer"):
         sizes = selection_batch_sizes(N, BATCH)
         assert stats["kept"] == EPOCHS * sum(keep_count(1 / 3, n) for n in sizes)
+    elif strategy == "uniform":
+        # Decided once per epoch before loading: only the kept examples are ever loaded.
+        assert stats["kept"] == stats["examples_loaded"] == EPOCHS * keep_count(1 / 3, N)
     else:
         # Coin flips with mean 1/3 (0.341 with the reweighted selector's probability floor).
         assert abs(stats["kept_fraction"] - 1 / 3) < 0.1

@@ -175,7 +175,8 @@ def test_default_collator_pads_and_the_queue_repads_a_text_classifier_with_label
     )
     assert isinstance(trainer.data_collator, DataCollatorWithPadding)
     assert trainer.per_example_loss_func.label_smoothing == 0.1
-    assert trainer.queue.pad_values["input_ids"] == tokenizer.pad_token_id and "labels" not in trainer.queue.pad_values
+    queue = trainer.engine.queue
+    assert queue.pad_values["input_ids"] == tokenizer.pad_token_id and "labels" not in queue.pad_values
     trainer.train()
     assert trainer.sb_stats["backwards"] > 0
 

@@ -57,7 +57,7 @@ def test_every_micro_batch_is_full_and_backwards_equal_kept_minus_remainder(outp
     assert sizes == {4}
     assert len(trainer.micro_batches) == 3 * trainer.state.global_step
     stats = trainer.sb_stats
-    assert stats["backwards"] == stats["kept"] - len(trainer.queue)
+    assert stats["backwards"] == stats["kept"] - len(trainer.engine.queue)
     assert stats["backwards"] == stats["optimizer_steps"] * 4 * 3
     assert stats["examples_seen"] == 3 * 256
 
@@ -107,7 +107,7 @@ def test_stale_sb_store_holds_each_examples_own_loss(output_dir):
     )
     trainer.train()
     ids = torch.arange(96)
-    losses, epochs = trainer.store.lookup(ids)
+    losses, epochs = trainer.engine.store.lookup(ids)
     assert torch.equal(losses, (ids % 3).float())
     assert bool((epochs >= 0).all())
 

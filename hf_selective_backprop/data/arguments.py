@@ -30,6 +30,13 @@ class DataArguments:
     label_column: str | None = field(
         default=None, metadata={"help": "Label column (default: the dataset's, or its class-label column)."}
     )
+    num_labels: int | None = field(
+        default=None,
+        metadata={
+            "help": "Number of classes. Default: the label column's ClassLabel names, else inferred from the "
+            "integer labels of the train and eval splits (0..max), which must then use every id in between."
+        },
+    )
     train_split: str = field(default="train", metadata={"help": "Split to train on."})
     eval_split: str | None = field(
         default="test", metadata={"help": "Split to evaluate on ('' or 'none': no evaluation)."}
@@ -64,7 +71,7 @@ class DataArguments:
             raise ValueError(f"--label_noise must be in [0, 1), got {self.label_noise}")
         if self.num_channels not in (1, 3):
             raise ValueError(f"--num_channels must be 1 or 3, got {self.num_channels}")
-        for name in ("max_train_samples", "max_eval_samples", "image_size"):
+        for name in ("max_train_samples", "max_eval_samples", "image_size", "num_labels"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name} must be >= 1, got {value}")

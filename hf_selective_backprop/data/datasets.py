@@ -6,6 +6,7 @@ import logging
 from dataclasses import dataclass
 
 import datasets
+import numpy as np
 import torch
 
 from .arguments import DataArguments
@@ -90,17 +91,29 @@ class ImageClassificationData:
 
 
 def load_image_data(args: DataArguments, seed: int = 0) -> ImageClassificationData:
-    """Open, check, subset, decode (once), add ids and label noise; ``seed`` seeds augmentation."""
+    """Open, check, subset, decode (once), add ids and label noise; ``seed`` seeds augmentation.
+
+    Splits, columns and labels are checked before any image is decoded, so a wrong flag or a
+    stray label fails in seconds, not after decoding a whole split.
+    """
     splits, spec, source = open_source(args)
     train_split = _split(splits, args.train_split, "--train_split", source)
     image_column, label_column = _columns(train_split, spec, args)
-    label_names = _label_names(splits, args, label_column)
+    eval_split = None
+    if args.eval_split is not None:
+        eval_split = _split(splits, args.eval_split, "--eval_split", source)
+        _check_columns(eval_split, (image_column, label_column), args.eval_split)
+    label_names, declared_by = _label_names(train_split, eval_split, args, label_column)
 
     train_rows = _first(train_split, args.max_train_samples)
+    train_labels = _labels(train_rows, label_column, label_names, declared_by, f"--train_split {args.train_split!r}")
+    if eval_split is not None:
+        eval_rows = _first(eval_split, args.max_eval_samples)
+        eval_labels = _labels(eval_rows, label_column, label_names, declared_by, f"--eval_split {args.eval_split!r}")
+
     size = (args.image_size,) * 2 if args.image_size else ((spec.image_size,) * 2 if spec.image_size else None)
     train_images = _decode(train_rows, image_column, args.num_channels, size, f"{source} [{args.train_split}]")
     size = tuple(train_images.shape[2:])
-    train_labels = _labels(train_rows, label_column, len(label_names), "--train_split", args.train_split)
 
     noisy = torch.empty(0, dtype=torch.int64)
     if args.label_noise:
@@ -121,12 +134,10 @@ def load_image_data(args: DataArguments, seed: int = 0) -> ImageClassificationDa
     train.noisy_indices = noisy
 
     evaluation = None
-    if args.eval_split is not None:
-        eval_rows = _first(_split(splits, args.eval_split, "--eval_split", source), args.max_eval_samples)
-        _check_columns(eval_rows, (image_column, label_column), args.eval_split)
+    if eval_split is not None:
         evaluation = ImageTensorDataset(
             _decode(eval_rows, image_column, args.num_channels, size, f"{source} [{args.eval_split}]"),
-            _labels(eval_rows, label_column, len(label_names), "--eval_split", args.eval_split),
+            eval_labels,
             BatchTransform(mean, std),
         )
     return ImageClassificationData(
@@ -187,17 +198,57 @@ def _check_columns(split: datasets.Dataset, columns: tuple[str, str], split_name
         raise ValueError(f"split {split_name!r} lacks column(s) {missing}; columns found: {list(split.features)}")
 
 
-def _label_names(splits: datasets.DatasetDict, args: DataArguments, column: str) -> list[str]:
-    feature = splits[args.train_split].features[column]
+def _label_names(
+    train: datasets.Dataset, evaluation: datasets.Dataset | None, args: DataArguments, column: str
+) -> tuple[list[str], str]:
+    """The class names (the column's ClassLabel names, else ``--num_labels`` ids, else the ids
+    found in the column) and which of the three declared them."""
+    feature = train.features[column]
     if isinstance(feature, datasets.ClassLabel):
-        return list(feature.names)
+        if args.num_labels is not None and args.num_labels != feature.num_classes:
+            raise ValueError(
+                f"--num_labels {args.num_labels} disagrees with label column {column!r}, which declares "
+                f"{feature.num_classes} classes ({_preview(feature.names)}); drop --num_labels"
+            )
+        return list(feature.names), f"the ClassLabel names of column {column!r}"
     if not (isinstance(feature, datasets.Value) and feature.dtype.startswith(("int", "uint"))):
         raise ValueError(
             f"label column {column!r} holds {feature}, not class ids (a ClassLabel or integers); pass --label_column"
         )
-    used = [args.train_split] + ([args.eval_split] if args.eval_split in splits else [])
-    num_classes = 1 + max(max(splits[name].unique(column)) for name in used)
-    return [str(label) for label in range(num_classes)]
+    if args.num_labels is not None:
+        return [str(label) for label in range(args.num_labels)], f"--num_labels {args.num_labels}"
+
+    # Inferred from every row of the used splits, not only the first --max_*_samples, so a
+    # subset does not change the model's classes.
+    used = {f"--train_split {args.train_split!r}": train}
+    if evaluation is not None:
+        used[f"--eval_split {args.eval_split!r}"] = evaluation
+    labels = {name: _label_array(split, column, name) for name, split in used.items()}
+    ids = np.unique(np.concatenate(list(labels.values())))
+    ids = ids[ids >= 0]  # negative labels are reported with their rows by _labels
+    if len(ids) == 0:
+        raise ValueError(f"label column {column!r} holds no class id >= 0; pass --label_column")
+    num_classes = int(ids[-1]) + 1
+    if len(ids) < num_classes:
+        # One stray id (11 among 0..9) would otherwise build a 12-class model without a word.
+        missing = np.setdiff1d(np.arange(num_classes), ids)
+        above = {name: values > missing[0] for name, values in labels.items()}
+        where = "; ".join(f"{name}: {_offending(labels[name], mask)}" for name, mask in above.items() if mask.any())
+        occur = "never occurs" if len(missing) == 1 else "never occur"
+        raise ValueError(
+            f"label column {column!r} holds the integer ids {_preview(ids.tolist())}, not the contiguous "
+            f"0..{num_classes - 1}: {_preview(missing.tolist())} {occur}, so {num_classes} classes would be "
+            f"inferred, some without any example. Labels above the first missing id: {where}. Fix those "
+            f"labels, or pass --num_labels {num_classes} if those classes are meant to exist"
+        )
+    logger.info(
+        "label column %r: %d classes inferred from its integer ids 0..%d in %s (--num_labels sets them)",
+        column,
+        num_classes,
+        num_classes - 1,
+        " and ".join(used),
+    )
+    return [str(label) for label in range(num_classes)], f"the ids found in column {column!r}"
 
 
 def _first(split: datasets.Dataset, count: int | None) -> datasets.Dataset:
@@ -213,7 +264,7 @@ def _decode(
     # Encoded cells straight from Arrow: {"bytes", "path"} dicts, nothing decoded by `datasets`.
     encoded = rows.select_columns(column).cast_column(column, datasets.Image(decode=False))
     cells = encoded.with_format("arrow")[column].to_pylist()
-    images, resized = decode_images(cells, channels, size)
+    images, resized = decode_images(cells, channels, size, where=f"{what}, image column {column!r}")
     if resized and size is None:
         logger.warning(
             "%s: %d images resized to %dx%d, the first image's size (choose with --image_size)",
@@ -224,15 +275,41 @@ def _decode(
     return images
 
 
-def _labels(rows: datasets.Dataset, column: str, num_classes: int, flag: str, split: str) -> torch.Tensor:
-    labels = torch.tensor(rows.with_format("arrow")[column].to_numpy(), dtype=torch.int64)
+def _labels(rows: datasets.Dataset, column: str, label_names: list[str], declared_by: str, what: str) -> torch.Tensor:
+    labels = _label_array(rows, column, what)
+    num_classes = len(label_names)
     bad = (labels < 0) | (labels >= num_classes)
     if bad.any():
+        remedy = ", or raise --num_labels" if declared_by.startswith("--num_labels") else ""
         raise ValueError(
-            f"{flag} {split!r}: labels must be class ids in [0, {num_classes}), "
-            f"found {labels[bad][:5].tolist()} in column {column!r}"
+            f"{what}, label column {column!r}: labels must be class ids in [0, {num_classes - 1}] "
+            f"({num_classes} classes, from {declared_by}: {_preview(label_names)}), found "
+            f"{_offending(labels, bad)}; fix or drop those rows{remedy}"
         )
-    return labels
+    return torch.from_numpy(labels)
+
+
+def _label_array(rows: datasets.Dataset, column: str, what: str) -> np.ndarray:
+    values = rows.with_format("arrow")[column]
+    if values.null_count:
+        missing = np.flatnonzero(values.is_null().to_numpy())
+        noun = "rows" if len(missing) > 1 else "row"
+        raise ValueError(
+            f"{what}, label column {column!r}: no label at {noun} {_preview(missing.tolist())}; fix or drop that {noun}"
+        )
+    return values.to_numpy().astype(np.int64)
+
+
+def _offending(labels: np.ndarray, bad: np.ndarray, shown: int = 5) -> str:
+    """'row 5 = 11, row 9 = 12 (2 rows)': rows are positions in the split, counted from 0."""
+    rows = np.flatnonzero(bad)
+    listed = ", ".join(f"row {row} = {labels[row]}" for row in rows[:shown])
+    return f"{listed}{', ...' if len(rows) > shown else ''} ({len(rows)} row{'s' if len(rows) > 1 else ''})"
+
+
+def _preview(values: list, shown: int = 12) -> str:
+    listed = ", ".join(str(value) for value in values[:shown])
+    return listed + (f", ... ({len(values)} in all)" if len(values) > shown else "")
 
 
 def _statistics(spec: DatasetSpec, images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:

@@ -1,15 +1,22 @@
-"""Selection strategies: per-example losses in, rows to train on out."""
+"""Selection strategies: per-example losses in, rows to train on out.
+
+Each built-in strategy is registered under its ``--sb_strategy`` name; `register_strategy` adds
+one defined elsewhere (see docs/architecture.md).
+"""
 
 from .base import Selection, Selector
 from .composer import ComposerSelector
+from .infobatch import InfoBatchSelector
 from .kath18 import Kath18Selector
 from .percentile import PercentileSelector
+from .registry import build_selector, register_strategy, strategy_names
 from .reweighted import ReweightedPercentileSelector
 from .topk import TopKSelector, keep_count
 from .uniform import UniformSelector
 
 __all__ = [
     "ComposerSelector",
+    "InfoBatchSelector",
     "Kath18Selector",
     "PercentileSelector",
     "ReweightedPercentileSelector",
@@ -19,31 +26,26 @@ __all__ = [
     "UniformSelector",
     "build_selector",
     "keep_count",
+    "register_strategy",
+    "strategy_names",
 ]
 
 
-def build_selector(args) -> Selector | None:
-    """The selector that ``args.sb_strategy`` names (None for 'none').
+@register_strategy("sb")
+def _sb(args) -> Selector:
+    cls = ReweightedPercentileSelector if args.sb_importance_weighting else PercentileSelector
+    return cls(args.sb_beta_value, args.sb_history_size, args.sb_min_prob)
 
-    ``args`` is a `SelectiveBackpropConfig` (or anything with the same ``sb_*`` attributes).
-    """
-    strategy = args.sb_strategy
-    if strategy == "none":
-        return None
-    if strategy == "sb":
-        cls = ReweightedPercentileSelector if args.sb_importance_weighting else PercentileSelector
-        return cls(args.sb_beta_value, args.sb_history_size, args.sb_min_prob)
-    if strategy == "topk":
-        return TopKSelector(args.sb_keep_fraction)
-    if strategy == "composer":
-        return ComposerSelector(args.sb_keep_fraction)
-    if strategy == "uniform":
-        return UniformSelector(args.sb_keep_fraction)
-    if strategy == "kath18":
-        return Kath18Selector(
-            args.sb_presample_value,
-            args.sb_importance_weighting,
-            args.sb_variance_start,
-            args.per_device_train_batch_size,
-        )
-    raise ValueError(f"--sb_strategy {strategy!r} is not implemented")
+
+register_strategy("topk", lambda args: TopKSelector(args.sb_keep_fraction))
+register_strategy("composer", lambda args: ComposerSelector(args.sb_keep_fraction))
+register_strategy("uniform", lambda args: UniformSelector(args.sb_keep_fraction))
+register_strategy(
+    "kath18",
+    lambda args: Kath18Selector(
+        args.sb_presample_value, args.sb_importance_weighting, args.sb_variance_start, args.per_device_train_batch_size
+    ),
+)
+register_strategy(
+    "infobatch", lambda args: InfoBatchSelector(args.sb_prune_ratio, args.sb_anneal_delta, args.num_train_epochs)
+)

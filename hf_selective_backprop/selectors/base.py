@@ -22,14 +22,25 @@ class Selection:
 class Selector:
     """Per-example losses in, the rows to backpropagate out.
 
-    Subclasses implement ``_select`` on finite losses only: NaN/inf losses never reach a
-    strategy (they would poison percentiles and sums) and are never selected.
+    A strategy decides at one of two points of an epoch:
+
+    - *after scoring* (``_select``, every strategy): a loaded selection batch's per-example losses
+      in, the rows to train out. Subclasses implement ``_select`` on finite losses only: NaN/inf
+      losses never reach a strategy (they would poison percentiles and sums) and are never selected.
+    - *before loading* (``plan_epoch``, optional): at the start of an epoch, from the examples'
+      stored losses alone, which examples to load and train at all. Examples it leaves out cost no
+      data loading, augmentation, forward or backward.
+
+    State that must survive a checkpoint goes in ``state_dict``/``load_state_dict``.
     """
 
     #: False for strategies that ignore losses, so the trainer can skip the selection forward.
     needs_losses: bool = True
     #: True for strategies whose selections carry loss weights.
     produces_weights: bool = False
+    #: True for strategies that read each example's latest training-forward loss (``plan_epoch``'s
+    #: ``stored_losses``), so the trainer records it even without Stale-SB.
+    uses_stored_losses: bool = False
 
     def select(
         self,
@@ -57,6 +68,16 @@ class Selector:
 
     def _select(self, losses: torch.Tensor, generator: torch.Generator, population: torch.Tensor) -> Selection:
         raise NotImplementedError
+
+    def plan_epoch(self, stored_losses: torch.Tensor, generator: torch.Generator, epoch: int) -> Selection | None:
+        """Decide epoch ``epoch`` before loading it, or return None (the default) to decide after scoring.
+
+        ``stored_losses[i]`` is example i's latest stored loss (NaN where none is known). The
+        returned ``indices`` are the examples to train this epoch (an index twice trains it twice),
+        ``weights`` their loss weights. Every process calls this with the same arguments and
+        generator state, so the decision must depend on nothing else.
+        """
+        return None
 
     def expected_keep_fraction(self) -> float:
         """Expected fraction of a selection batch that is trained on, for sizing the LR schedule."""

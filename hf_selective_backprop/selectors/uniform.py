@@ -15,7 +15,9 @@ class UniformSelector(Selector):
     selection often fails to beat a random subset of the same size under a fixed budget, so
     this is the baseline to compare every other strategy against. It ignores losses
     (``needs_losses = False``): the trainer skips the selection forward and passes a dummy
-    tensor (e.g. zeros) of the batch's length, whose values are never read.
+    tensor (e.g. zeros) of the batch's length, whose values are never read. It decides each epoch
+    before loading (``plan_epoch``), so the examples it leaves out are never loaded; inside an
+    ``sb_start``/``sb_end`` boundary or with ``sb_interrupt`` it draws per selection batch instead.
     """
 
     needs_losses = False
@@ -27,6 +29,9 @@ class UniformSelector(Selector):
         n = losses.numel()
         rows = torch.randperm(n, generator=generator)[: keep_count(self.keep, n)]
         return Selection(torch.sort(rows).values)
+
+    def plan_epoch(self, stored_losses: torch.Tensor, generator: torch.Generator, epoch: int) -> Selection:
+        return self._select(stored_losses, generator, stored_losses)
 
     def expected_keep_fraction(self) -> float:
         return self.keep

@@ -1,0 +1,346 @@
+"""`SelectionEngine`: everything selection holds between steps, and the one place that changes it.
+
+Data flows one way through it (docs/architecture.md):
+
+    begin_epoch   -> plan: examples decided before loading (uniform, Stale-SB's stale epochs, ...)
+    add_batch     -> loaded selection batch: planned rows straight to the queue, the others
+                     scored (selection forward, or a stored loss) and selected
+    next_step     -> exactly gradient_accumulation_steps micro-batches of exactly the batch size
+    observe       -> training-forward losses refresh the per-example store
+    end_epoch
+
+``state_dict``-style saving and loading live in `checkpointing`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+from accelerate import Accelerator
+from transformers.trainer_utils import has_length
+
+from .. import distributed
+from ..accounting import SelectionStats
+from ..queue import BatchQueue
+from ..schedule import in_selection_window, is_interrupt_step
+from ..scoring import SelectionScorer
+from ..selectors import Selector
+from ..store import LossStore
+from .epoch_plan import EpochPlan, PlannedSampler, stale_plan
+
+WEIGHT_KEY = "sb_weight"
+
+
+class SelectionEngine:
+    """Strategy, loss history (inside the strategy), store, queue, generator and counters of one process.
+
+    ``args`` is the `SelectiveBackpropConfig`; ``batch_size`` the training micro-batch size and
+    ``selection_batch_size`` the rows of one loaded selection batch, per process; ``padding`` the
+    `BatchQueue` pad values and side for variable-length (text) rows.
+    """
+
+    def __init__(
+        self,
+        args,
+        selector: Selector,
+        scorer: SelectionScorer,
+        accelerator: Accelerator,
+        batch_size: int,
+        selection_batch_size: int,
+        padding: dict | None = None,
+    ):
+        self.args, self.selector, self.scorer, self.accelerator = args, selector, scorer, accelerator
+        self.batch_size, self.selection_batch_size = batch_size, selection_batch_size
+        self.index_column = args.sb_index_column
+        self.queue = BatchQueue(**(padding or {}))
+        self.store = LossStore()
+        self.stats = SelectionStats()
+        self.generator = torch.Generator().manual_seed(args.seed + 1_000_003 * args.process_index)
+        self.sampler: PlannedSampler | None = None
+        self.dataloader = None
+        self.plan: EpochPlan | None = None
+        self.epoch = 0
+        self.consumed = 0  # selection batches of the epoch read by this process (skipped ones included)
+        self.batches_in_epoch = 1
+        self.resumed_position: tuple[int, EpochPlan | None, int] | None = None  # epoch, plan, rows to skip
+        self.epoch_started = False  # begin_epoch ran for self.epoch (its plan, if any, is made)
+        self.unread_skips = 0
+        self.epoch_based = True  # set by the trainer: epoch-based runs end with their data, others by steps
+        self.steps_in_epoch = 0
+        self.epoch_without_step = False
+        self.inputs_checked = False
+        self._epoch_scored = self._epoch_nonfinite = 0
+
+    # ---- set-up ------------------------------------------------------------------------------
+
+    @property
+    def records_training_losses(self) -> bool:
+        """Whether training forwards refresh the store (Stale-SB, or a strategy that plans from it)."""
+        return self.args.sb_staleness > 1 or self.selector.uses_stored_losses
+
+    @property
+    def plans_before_loading(self) -> bool:
+        return self.args.sb_staleness > 1 or type(self.selector).plan_epoch is not Selector.plan_epoch
+
+    def attach(self, dataloader, sampler: PlannedSampler | None) -> None:
+        """The training loader (its length per epoch) and its sampler (the plan it follows)."""
+        self.dataloader, self.sampler = dataloader, sampler
+        ids = sampler.ids_by_position if sampler is not None else None
+        if self.records_training_losses and ids is not None and len(ids) and len(self.store) == 0:
+            # Sized once for the largest id: grown batch by batch it would be reallocated each time a
+            # larger id shows up (~2.7x its final size at peak, docs/reliability.md).
+            self.store = LossStore(int(ids.max()) + 1)
+
+    # ---- epochs ------------------------------------------------------------------------------
+
+    def is_stale_epoch(self, epoch: int) -> bool:
+        return self.args.sb_staleness > 1 and (epoch - self.args.sb_warmup_epochs) % self.args.sb_staleness != 0
+
+    def _whole_epoch_selects(self, epoch: int, num_epochs: float, epoch_based: bool) -> bool:
+        """True when every step of ``epoch`` selects, so its decisions can all be made up front."""
+        args = self.args
+        if epoch < args.sb_warmup_epochs or args.sb_interrupt:
+            return False
+        if args.sb_start == 0.0 and args.sb_end == 1.0:
+            return True
+        return epoch_based and args.sb_start <= epoch / num_epochs and (epoch + 1) / num_epochs <= args.sb_end
+
+    def begin_epoch(self, epoch: int, num_epochs: float, epoch_based: bool) -> None:
+        """Decide, before loading, what the epoch loads (a collective: call on every process)."""
+        self.epoch = epoch
+        self.epoch_started = True
+        skip_rows = 0
+        if self.resumed_position is not None and self.resumed_position[0] == epoch:
+            _, self.plan, skip_rows = self.resumed_position
+        elif self.sampler is None or self.sampler.ids_by_position is None:
+            self.plan = None
+        elif not self._whole_epoch_selects(epoch, num_epochs, epoch_based):
+            self.plan = None
+        else:
+            self.plan = self._broadcast(self._make_plan(epoch) if self.accelerator.is_main_process else None)
+        self.resumed_position = None
+        rows_per_batch = self.selection_batch_size * self.accelerator.num_processes
+        self.consumed = skip_rows // rows_per_batch
+        if self.sampler is not None:
+            self.sampler.plan, self.sampler.skip = self.plan, skip_rows
+        else:
+            self.unread_skips = self.consumed  # a stream cannot skip rows without reading them
+        if self.dataloader is not None and has_length(self.dataloader):
+            self.batches_in_epoch = max(len(self.dataloader) + self.consumed, 1)
+        else:
+            self.batches_in_epoch = sys.maxsize  # a stream: an epoch of unknown length
+
+    def _make_plan(self, epoch: int) -> EpochPlan | None:
+        ids = self.sampler.ids_by_position
+        stored, _ = self.store.lookup(ids)
+        # Seeded by the epoch alone: a resumed or re-launched run draws the same plan.
+        generator = torch.Generator().manual_seed(self.args.seed * 1_000_033 + epoch)
+        with self.stats.timer("selection_overhead_seconds"):
+            if self.is_stale_epoch(epoch):
+                by_position, looked_up = stale_plan(self.selector, stored, generator, self.selection_batch_size)
+                self.stats.stale_lookups += looked_up
+            else:
+                selection = self.selector.plan_epoch(stored, generator, epoch)
+                if selection is None:
+                    return None
+                by_position = EpochPlan.from_selection(selection, len(ids))
+        by_id = self._by_id(by_position, ids)
+        decided = int(by_position.copies.sum())
+        self.stats.considered += int((~by_position.scored).sum())
+        self.stats.kept += decided
+        # Every example decided here has been seen by the epoch, loaded or not.
+        self.stats.examples_seen += len(ids) - int(by_position.scored.sum())
+        return by_id
+
+    def _by_id(self, plan: EpochPlan, ids: torch.Tensor) -> EpochPlan:
+        size = int(ids.max()) + 1 if len(ids) else 0
+        copies = torch.zeros(size, dtype=torch.int32).index_copy_(0, ids, plan.copies)
+        scored = torch.zeros(size, dtype=torch.bool).index_copy_(0, ids, plan.scored)
+        weights = None
+        if plan.weights is not None:
+            weights = torch.ones(size, dtype=torch.float32).index_copy_(0, ids, plan.weights)
+        return EpochPlan(copies, scored, weights)
+
+    def _broadcast(self, plan: EpochPlan | None) -> EpochPlan | None:
+        if self.accelerator.num_processes == 1:
+            return plan
+        return distributed.broadcast_object(self.accelerator, plan)
+
+    def end_epoch(self) -> None:
+        self._fail_if_every_loss_was_nonfinite()
+        self.epoch_without_step = self.steps_in_epoch == 0
+        self.epoch += 1
+        self.epoch_started = False
+        self.plan = None
+        self.consumed = 0
+        self.steps_in_epoch = 0
+        self._epoch_scored = self._epoch_nonfinite = 0
+
+    def _fail_if_every_loss_was_nonfinite(self) -> None:
+        """Stop a run that cannot progress: every loss scored this epoch (on some rank) was NaN/inf.
+
+        Such rows are never kept, so nothing is trained; a step-based run would read epochs forever.
+        """
+        planned = self.plan is not None and bool(self.plan.copies.any())
+        stuck = not planned and self._epoch_scored > 0 and self._epoch_nonfinite == self._epoch_scored
+        if distributed.all_true(self.accelerator, not stuck):
+            return
+        raise RuntimeError(
+            f"every per-example loss scored in epoch {self.epoch} was NaN or inf (this process: "
+            f"{self._epoch_nonfinite} of {self._epoch_scored} non-finite): selection never keeps such "
+            "examples, so training cannot make progress. The model's outputs are non-finite (diverged "
+            "weights, a too-high learning rate, or broken inputs/labels)."
+        )
+
+    def epochs_read(self) -> float:
+        return self.epoch + self.consumed / self.batches_in_epoch
+
+    def progress(self, global_step: int, max_steps: int) -> float:
+        """Fraction of the run done: data read (epoch-based runs) or optimizer steps."""
+        if self.epoch_based:
+            return min(self.epochs_read() / self.args.num_train_epochs, 1.0)
+        return min(global_step / max_steps, 1.0)
+
+    # ---- steps -------------------------------------------------------------------------------
+
+    def selection_on(self, global_step: int, progress: float, max_steps: int) -> bool:
+        """Whether the rows read now are selected: after warm-up, inside sb_start/sb_end, not an interrupt."""
+        if self.epoch < self.args.sb_warmup_epochs or is_interrupt_step(global_step, self.args.sb_interrupt):
+            return False
+        # The window is a share of the run's progress, like the LR schedule.
+        return in_selection_window(int(progress * max_steps), max_steps, self.args.sb_start, self.args.sb_end)
+
+    def ready(self) -> bool:
+        """True on every process once each holds a full optimizer step (a collective)."""
+        rows_per_step = self.batch_size * self.args.gradient_accumulation_steps
+        return distributed.all_true(self.accelerator, len(self.queue) >= rows_per_step)
+
+    def next_step(self, device) -> list[dict]:
+        with self.stats.timer("selection_overhead_seconds"):
+            micro_batches = [
+                {k: v.to(device, non_blocking=True) for k, v in self.queue.pop(self.batch_size).items()}
+                for _ in range(self.args.gradient_accumulation_steps)
+            ]
+        trained = self.batch_size * self.args.gradient_accumulation_steps
+        self.stats.training_forwards += trained
+        self.stats.backwards += trained
+        self.stats.optimizer_steps += 1
+        self.steps_in_epoch += 1
+        return micro_batches
+
+    def check_inputs(self, batch: dict, model: torch.nn.Module) -> None:
+        """At the run's first batch, one selection forward on one example: a model that cannot take
+        --sb_selection_scale / --sb_selection_channels_last inputs fails now, not when the schedule
+        (sb_start, warm-up epochs) first turns selection on."""
+        self.inputs_checked = True
+        if self.selector.needs_losses:
+            self.scorer.check_inputs(model, {k: v[:1] for k, v in batch.items() if k != self.index_column})
+
+    def read(self, epoch_iterator) -> dict | None:
+        """The next selection batch, or None at the end of the epoch."""
+        with self.stats.timer("data_seconds"):
+            for _ in range(self.unread_skips):
+                next(epoch_iterator, None)
+            self.unread_skips = 0
+            return next(epoch_iterator, None)
+
+    def add_batch(self, batch: dict, selecting: bool, model: torch.nn.Module) -> None:
+        """Queue a loaded selection batch's rows to train: all, the planned ones, or those selected."""
+        self.consumed += 1
+        self.stats.examples_loaded += _batch_length(batch)
+        if selecting and self.plan is not None:
+            decided = self.plan.is_decided(batch[self.index_column].cpu())
+            if bool(decided.any()):
+                self._push(self._planned_rows(batch, decided))  # counted as seen when planned
+                if bool(decided.all()):
+                    return
+                batch = _rows(batch, (~decided).nonzero().squeeze(1))
+        self.stats.examples_seen += _batch_length(batch)
+        if selecting:
+            self._select(batch, model)
+        else:
+            self._push(dict(batch))
+
+    def _planned_rows(self, batch: dict, decided: torch.Tensor) -> dict:
+        rows = _rows(batch, decided.nonzero().squeeze(1))
+        if self.plan.weights is not None:
+            rows[WEIGHT_KEY] = self.plan.weights[rows[self.index_column].cpu()].to(_batch_device(batch))
+        return rows
+
+    def _select(self, batch: dict, model: torch.nn.Module) -> None:
+        size = _batch_length(batch)
+        losses = self.losses_for(batch, model)
+        with self.stats.timer("selection_overhead_seconds"):
+            losses = losses.cpu()
+            population = None
+            if self.args.sb_history_scope == "global":
+                # A stream without ids gathers placeholder ids: only the losses are used here.
+                ids = batch.get(self.index_column, torch.zeros(size, dtype=torch.int64))
+                population = distributed.gather_pairs(self.accelerator, ids, losses)[1]
+            selection = self.selector.select(losses, self.generator, population=population)
+            self.stats.considered += size
+            self.stats.kept += selection.indices.numel()
+            nonfinite = int((~torch.isfinite(losses)).sum())
+            self.stats.nonfinite_losses += nonfinite
+            self._epoch_scored += size
+            self._epoch_nonfinite += nonfinite
+            rows = _rows(batch, selection.indices.to(_batch_device(batch)))
+            if selection.weights is not None:
+                rows[WEIGHT_KEY] = selection.weights.to(_batch_device(batch))
+        self._push(rows)
+
+    def _push(self, rows: dict) -> None:
+        if self.selector.produces_weights and WEIGHT_KEY not in rows:
+            rows[WEIGHT_KEY] = torch.ones(_batch_length(rows), device=_batch_device(rows))
+        self.queue.push(rows)
+
+    def losses_for(self, batch: dict, model: torch.nn.Module) -> torch.Tensor:
+        """Per-example losses of a selection batch: a selection forward, or stored ones.
+
+        Stored losses are read here only in a stale epoch that could not be planned before loading
+        (``sb_interrupt``, or an ``sb_start``/``sb_end`` boundary inside it).
+        """
+        size = _batch_length(batch)
+        if not self.selector.needs_losses:
+            return torch.zeros(size)
+        ids = batch.get(self.index_column)  # None for a stream without ids (plain SB only)
+        if not self.is_stale_epoch(self.epoch) or self.plan is not None:
+            return self._score(batch, ids, model)
+        losses, _ = self.store.lookup(ids)
+        unknown = torch.isnan(losses)
+        self.stats.stale_lookups += size - int(unknown.sum())
+        if unknown.any():
+            # Examples never scored (e.g. new ids) still need one forward to be ranked.
+            rows = unknown.nonzero().squeeze(1).to(ids.device)
+            losses[unknown] = self._score(_rows(batch, rows), ids[rows], model).cpu()
+        elif self.accelerator.num_processes > 1:
+            # Keep the store's collective in lockstep with ranks that did score something.
+            self.observe(ids[:0], torch.zeros(0))
+        return losses
+
+    def _score(self, batch: dict, ids: torch.Tensor | None, model: torch.nn.Module) -> torch.Tensor:
+        inputs = {k: v for k, v in batch.items() if k != self.index_column}
+        with self.stats.timer("selection_forward_seconds"):
+            losses = self.scorer(model, inputs)
+        self.stats.selection_forwards += _batch_length(batch)
+        if self.records_training_losses:
+            self.observe(ids, losses)
+        return losses
+
+    def observe(self, ids: torch.Tensor, losses: torch.Tensor) -> None:
+        """Store losses of every rank's examples, so each rank holds the same store (a collective)."""
+        all_ids, all_losses = distributed.gather_pairs(self.accelerator, ids, losses.detach())
+        self.store.update(all_ids, all_losses, self.epoch)
+
+
+def _rows(batch: dict, rows: torch.Tensor) -> dict:
+    return {key: value[rows] for key, value in batch.items()}
+
+
+def _batch_length(batch: dict) -> int:
+    return next(iter(batch.values())).shape[0]
+
+
+def _batch_device(batch: dict) -> torch.device:
+    return next(iter(batch.values())).device

@@ -11,13 +11,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# The exact PyTorch build is pinned here, not in the package's requirements.
 	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[dev,benchmarks]"
 	touch $(STAMP)
 
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(PY) scripts/compare.py
+	@$(PY) scripts/compare.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q

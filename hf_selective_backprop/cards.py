@@ -1,16 +1,38 @@
-"""Model cards for checkpoints: what was trained, how, and what selection saved."""
+"""Model cards the Hub way: the packaged Selective-Backprop template, rendered with `ModelCard.from_template`.
+
+`write_trainer_card` is what `SelectiveBackpropTrainer.create_model_card` (and so `push_to_hub`)
+runs: it reads the settings, savings and accuracy off the trainer. `render_model_card` serves any
+script, image or text, that has those figures at hand.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+import re
+from collections.abc import Iterable, Mapping
+from importlib.resources import files
 from pathlib import Path
-from string import Template
 
-from huggingface_hub import EvalResult, ModelCardData
+from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-# The template lives at the repository root (model_cards/), next to this package.
-TEMPLATE_PATH = Path(__file__).resolve().parents[1] / "model_cards" / "selective_backprop.md"
-TAGS = ["image-classification", "timm", "selective-backprop"]
+from .data.specs import KNOWN_DATASETS
+
+TEMPLATE_PATH = Path(str(files(__package__).joinpath("templates", "selective_backprop.md")))
+TASKS = {
+    "image-classification": "Image Classification",
+    "text-classification": "Text Classification",
+    "text-generation": "Text Generation",
+}
+# Model class name endings of transformers' task heads; anything else is taken for an image classifier.
+_TASK_OF_HEAD = {
+    "ForImageClassification": "image-classification",
+    "ForSequenceClassification": "text-classification",
+    "ForCausalLM": "text-generation",
+}
+# Short names of datasets a local copy may be named after, and their Hub ids.
+HUB_DATASETS = {spec.name: spec.hub_id for spec in KNOWN_DATASETS.values() if spec.hub_id} | {
+    "sst2": "stanfordnlp/sst2",
+}
 STATS_KEYS = (
     "selection_forwards",
     "training_forwards",
@@ -21,89 +43,191 @@ STATS_KEYS = (
     "examples_seen",
 )
 MISSING = "n/a"
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
 def render_model_card(
-    output_dir: str | Path,
+    output_dir: str | os.PathLike,
     args: object,
     *,
     architecture: str,
-    dataset: str,
-    stats: Mapping[str, float],
+    stats: Mapping[str, float | None],
+    task: str = "image-classification",
+    tags: Iterable[str] = (),
+    dataset: str | os.PathLike | None = None,
     accuracy: float | None = None,
-    eval_split: str = "test",
+    eval_split: str | None = None,
     num_train_examples: int | None = None,
-    epochs: float | None = None,
     model_name: str | None = None,
-    template: str | Path | None = None,
-    pipeline_tag: str = "image-classification",
+    model_class: str | None = None,
+    base_model: str | None = None,
+    repo_id: str | None = None,
+    hyperparameters: Mapping[str, object] | None = None,
+    eval_lines: list[dict] | None = None,
+    language: str | list[str] | None = None,
+    license: str | None = None,
+    template: str | os.PathLike | None = None,
 ) -> Path:
-    """Write ``README.md`` into ``output_dir`` and return its path.
+    """Write the Selective-Backprop card as ``README.md`` into ``output_dir`` and return its path.
 
-    ``args`` is the training-arguments object: every non-callable attribute whose name
-    starts with ``sb_`` is listed. ``stats`` holds run totals (keys in `STATS_KEYS`); missing
-    ones read "n/a". The full-pass backward count is ``stats["examples_seen"]`` when known
-    (epochs x N for whole epochs), else ``epochs`` (default ``args.num_train_epochs``) x
-    ``num_train_examples``. ``pipeline_tag`` is the Hub task (e.g. ``text-classification``, with a
-    template of its own).
+    ``args`` is the training-arguments object: every non-callable ``sb_*`` attribute is listed.
+    ``stats`` holds run totals (keys in `STATS_KEYS`, as in ``sb_stats.json``); missing ones read
+    "n/a". ``task`` is the pipeline tag (one of `TASKS`). ``dataset`` may be a name, a Hub id or a
+    local folder: only a Hub id reaches the card (see `hub_dataset_id`); so does ``base_model``
+    only when it is a Hub id, not a local folder. ``hyperparameters`` and
+    ``eval_lines`` are the Trainer's own sections (see `write_trainer_card`).
     """
-    output_dir = Path(output_dir)
+    if task not in TASKS:
+        raise ValueError(f"task {task!r} has no card: choose from {', '.join(TASKS)}")
     template_path = Path(template) if template is not None else TEMPLATE_PATH
     if not template_path.is_file():
         raise FileNotFoundError(f"model card template not found at {template_path}")
+    output_dir = Path(output_dir)
     model_name = model_name or output_dir.resolve().name
+    dataset_id = hub_dataset_id(dataset)
+    base_model = _hub_model_id(base_model)
 
     card_data = ModelCardData(
+        language=language,
+        license=license,
         library_name="transformers",
-        pipeline_tag=pipeline_tag,
-        tags=TAGS if pipeline_tag == TAGS[0] else [pipeline_tag, "selective-backprop"],
-        datasets=[dataset],
-        metrics=["accuracy"],
-        model_name=model_name if accuracy is not None else None,
-        eval_results=None
-        if accuracy is None
-        else [
-            EvalResult(
-                task_type=pipeline_tag,
-                task_name=pipeline_tag.replace("-", " ").title(),
-                dataset_type=dataset,
-                dataset_name=dataset,
-                dataset_split=eval_split,
-                metric_type="accuracy",
-                metric_name="Accuracy",
-                metric_value=float(accuracy),
-            )
-        ],
+        pipeline_tag=task,
+        tags=_unique(["selective-backprop", task, *tags]),
+        base_model=base_model,
+        datasets=[dataset_id] if dataset_id else None,
+        metrics=["accuracy"] if accuracy is not None else None,
+        model_name=model_name,
+        eval_results=_eval_results(task, dataset_id, eval_split, accuracy),
     )
-
-    if epochs is None:
-        epochs = getattr(args, "num_train_epochs", None)
-    full_pass = stats.get("examples_seen")
-    if full_pass is None and epochs is not None and num_train_examples is not None:
-        full_pass = epochs * num_train_examples
-    backwards = stats.get("backwards")
-    fraction = backwards / full_pass if backwards is not None and full_pass else None
-
-    values = {key: _format(stats.get(key)) for key in STATS_KEYS}
-    values["kept_fraction"] = _percent(stats.get("kept_fraction"))
-    values.update(
-        card_data=card_data.to_yaml(),
+    full_pass, backwards, kept = stats.get("examples_seen"), stats.get("backwards"), stats.get("kept_fraction")
+    card = ModelCard.from_template(
+        card_data,
+        template_path=str(template_path),
         model_name=model_name,
         architecture=architecture,
-        dataset=dataset,
-        eval_split=eval_split,
+        model_class=model_class or architecture,
+        task_name=TASKS[task],
+        dataset=dataset_id,
+        base_model=base_model,
+        repo_id=repo_id or model_name,
+        eval_split=eval_split or "evaluation set",
         accuracy=_percent(accuracy),
-        backward_fraction=_percent(fraction),
+        stats={key: _format(stats.get(key)) for key in STATS_KEYS} | {"kept_fraction": _percent(kept)},
+        backward_fraction=_percent(backwards / full_pass if backwards is not None and full_pass else None),
         full_pass_backwards=_format(full_pass),
         num_train_examples=_format(num_train_examples),
         strategy=getattr(args, "sb_strategy", MISSING),
-        sb_settings="\n".join(f"| `{name}` | `{_cell(value)}` |" for name, value in sb_settings(args).items()),
+        sb_settings={name: _cell(value) for name, value in sb_settings(args).items()},
+        hyperparameters=dict(hyperparameters or {}),
+        eval_table=_markdown_table(eval_lines),
+        versions=_versions(),
     )
-    text = Template(template_path.read_text(encoding="utf-8")).substitute(values)
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / "README.md"
-    path.write_text(text, encoding="utf-8")
+    card.save(path)
     return path
+
+
+def write_trainer_card(
+    trainer,
+    language: str | None = None,
+    license: str | None = None,
+    tags: str | list[str] | None = None,
+    model_name: str | None = None,
+    finetuned_from: str | None = None,
+    tasks: str | list[str] | None = None,
+    dataset_tags: str | list[str] | None = None,
+    dataset: str | list[str] | None = None,
+    *,
+    eval_split: str | None = None,
+) -> Path | None:
+    """The card of ``trainer``'s run in its ``output_dir`` (the arguments of `Trainer.create_model_card`).
+
+    Settings come from ``trainer.args``, savings from `training_costs`, accuracy from the last
+    ``eval_accuracy`` in the log history, hyperparameters and the evaluation table as the Trainer
+    writes them. The dataset is the first of ``dataset_tags``/``dataset`` with a Hub id, or when
+    neither is given the one the training set was loaded from, if it is known. Returns None on
+    processes other than the main one, which write nothing.
+    """
+    from transformers.modelcard import extract_hyperparameters_from_trainer, parse_log_history
+    from transformers.trainer_utils import has_length
+
+    if not trainer.is_world_process_zero():
+        return None
+    model = trainer.model
+    config = getattr(model, "config", None)
+    names = _listify(dataset_tags) + _listify(dataset)
+    ids = [hub_dataset_id(name) for name in names] if names else [_dataset_of(trainer.train_dataset)]
+    task = (_listify(tasks) or [_task_of(model)])[0]
+    is_timm = hasattr(model, "timm_model")
+    _, eval_lines, _ = parse_log_history(trainer.state.log_history)
+    return render_model_card(
+        trainer.args.output_dir,
+        trainer.args,
+        architecture=_architecture(model),
+        model_class=type(model).__name__,
+        stats=training_costs(trainer),
+        task=task,
+        tags=[*(["timm"] if is_timm else []), *_listify(tags), "generated_from_trainer"],
+        dataset=next((i for i in ids if i), None),
+        accuracy=_last_logged(trainer, "eval_accuracy"),
+        eval_split=eval_split,
+        num_train_examples=len(trainer.train_dataset) if has_length(trainer.train_dataset) else None,
+        model_name=model_name,
+        base_model=finetuned_from or getattr(config, "_name_or_path", None),
+        repo_id=getattr(trainer, "hub_model_id", None) or trainer.args.hub_model_id,
+        hyperparameters=extract_hyperparameters_from_trainer(trainer),
+        eval_lines=eval_lines,
+        language=language,
+        license=license,
+    )
+
+
+def training_costs(trainer) -> dict:
+    """What the run cost: the trainer's ``sb_stats``, or for a run without selection
+    (``sb_strategy="none"``) the full-pass figures its state and ``train_runtime`` metric give.
+
+    Empty before training.
+    """
+    from transformers.trainer_utils import has_length
+
+    stats = getattr(trainer, "sb_stats", None)
+    if stats:
+        return dict(stats)
+    epochs = trainer.state.epoch
+    if not epochs or not has_length(trainer.train_dataset):
+        return {}
+    rows = round(epochs * len(trainer.train_dataset))
+    return {
+        "strategy": "none",
+        "examples_seen": rows,
+        "selection_forwards": 0,
+        "training_forwards": rows,
+        "backwards": rows,
+        "optimizer_steps": trainer.state.global_step,
+        "kept_fraction": 1.0,
+        "train_seconds": _last_logged(trainer, "train_runtime"),
+    }
+
+
+def hub_dataset_id(source: str | os.PathLike | None) -> str | None:
+    """The Hub id a card lists under ``datasets:`` for a dataset name, Hub id or local folder.
+
+    Known names and local copies of known datasets map to their Hub id (``cifar10`` and a folder
+    ``.../cifar10`` -> ``uoft-cs/cifar10``; see `HUB_DATASETS`); any other ``owner/name`` is taken as
+    a Hub id. Anything else (an unknown folder, scikit-learn's digits) has none: a card never shows
+    a local path.
+    """
+    if source is None:
+        return None
+    text = os.fspath(source)
+    known = _known_hub_id(text)
+    if known:
+        return known
+    path = Path(text).expanduser()
+    if path.is_absolute() or text.startswith((".", "~")) or path.exists():
+        return _known_hub_id(path.resolve().name)
+    return text if _HUB_ID.fullmatch(text) else None
 
 
 def sb_settings(args: object) -> dict[str, object]:
@@ -111,6 +235,97 @@ def sb_settings(args: object) -> dict[str, object]:
     names = sorted(name for name in dir(args) if name.startswith("sb_"))
     settings = {name: getattr(args, name) for name in names}
     return {name: value for name, value in settings.items() if not callable(value)}
+
+
+def _last_logged(trainer, key: str) -> float | None:
+    return next((log[key] for log in reversed(trainer.state.log_history) if key in log), None)
+
+
+def _known_hub_id(name: str) -> str | None:
+    key = _key(name)
+    for short, hub_id in HUB_DATASETS.items():
+        if key in (_key(short), _key(hub_id), _key(hub_id.split("/")[-1])):
+            return hub_id
+    return None
+
+
+def _key(name: str) -> str:
+    # "CIFAR-10", "cifar_10" and "cifar10" name the same dataset.
+    return re.sub(r"[^a-z0-9]", "", name.lower())
+
+
+def _dataset_of(train_dataset) -> str | None:
+    # A `datasets.Dataset` remembers the name it was loaded under (a Hub repo's or a local folder's).
+    info = getattr(train_dataset, "info", None)
+    name = getattr(info, "dataset_name", None)
+    return _known_hub_id(name) if name else None
+
+
+def _hub_model_id(name: str | None) -> str | None:
+    # config._name_or_path is a local folder when the model was loaded from one; only a Hub id is a base model.
+    if not name or os.path.exists(name) or not _HUB_ID.fullmatch(name):
+        return None
+    return name
+
+
+def _architecture(model) -> str:
+    # A timm wrapper names its timm architecture (resnet18); other models their transformers model type.
+    config = getattr(model, "config", None)
+    return getattr(config, "architecture", None) or getattr(config, "model_type", None) or type(model).__name__
+
+
+def _task_of(model) -> str:
+    name = type(model).__name__
+    return next((task for ending, task in _TASK_OF_HEAD.items() if name.endswith(ending)), "image-classification")
+
+
+def _eval_results(task: str, dataset_id: str | None, split: str | None, accuracy: float | None):
+    # The Hub's model-index needs a dataset for every result.
+    if accuracy is None or dataset_id is None:
+        return None
+    return [
+        EvalResult(
+            task_type=task,
+            task_name=TASKS[task],
+            dataset_type=dataset_id,
+            dataset_name=dataset_id,
+            dataset_split=split,
+            metric_type="accuracy",
+            metric_name="Accuracy",
+            metric_value=float(accuracy),
+        )
+    ]
+
+
+def _markdown_table(lines: list[dict] | None) -> str:
+    from transformers.modelcard import make_markdown_table
+
+    return make_markdown_table(lines) if lines else ""
+
+
+def _versions() -> dict[str, str]:
+    import datasets
+    import torch
+    import transformers
+
+    from . import __version__
+
+    return {
+        "hf-selective-backprop": __version__,
+        "Transformers": transformers.__version__,
+        "PyTorch": torch.__version__,
+        "Datasets": datasets.__version__,
+    }
+
+
+def _listify(value: str | list[str] | None) -> list[str]:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _unique(items: Iterable[str]) -> list[str]:
+    return list(dict.fromkeys(items))
 
 
 def _format(value: float | None) -> str:

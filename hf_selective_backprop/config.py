@@ -96,11 +96,18 @@ class SelectiveBackpropConfig(TrainingArguments):
     )
     sb_start: float = field(
         default=0.0,
-        metadata={"help": "Fraction of training (by optimizer steps) at which selection turns on, in [0, 1)."},
+        metadata={
+            "help": "Share of the run after which selection turns on, in [0, 1). The share is of the data read "
+            "(epochs read / num_train_epochs) in an epoch-based run, of optimizer steps (step / max_steps) "
+            "with --max_steps."
+        },
     )
     sb_end: float = field(
         default=1.0,
-        metadata={"help": "Fraction of training at which selection turns off again, in (sb_start, 1]."},
+        metadata={
+            "help": "Share of the run after which selection turns off again, in (sb_start, 1]; measured like "
+            "sb_start (data read in an epoch-based run, optimizer steps with --max_steps)."
+        },
     )
     sb_interrupt: int = field(
         default=0,

@@ -16,14 +16,8 @@ from transformers import (
     PreTrainedModel,
 )
 
-from .cards import TEMPLATE_PATH
-
-#: The Hub pipeline tag and model-card template of each task.
+#: The Hub pipeline tag (the model card's task) of each task.
 PIPELINE_TAGS = {"text-classification": "text-classification", "causal-lm": "text-generation"}
-CARD_TEMPLATES = {
-    "text-classification": TEMPLATE_PATH.parent / "selective_backprop_text_classification.md",
-    "causal-lm": TEMPLATE_PATH.parent / "selective_backprop_causal_lm.md",
-}
 
 
 @dataclass
@@ -96,11 +90,3 @@ def build_text_model(args: TextModelArguments, tokenizer, task: str, max_length:
                         attention_probs_dropout_prob=args.dropout, **sizes, **labels)
     return BertForSequenceClassification(config)
 
-
-def describe(model: PreTrainedModel, args: TextModelArguments) -> str:
-    """The architecture as the model card names it."""
-    if args.model_name_or_path is not None:
-        return args.model_name_or_path
-    config = model.config
-    return (f"{type(model).__name__} from scratch ({args.num_layers} layers, hidden {args.hidden_size}, "
-            f"{args.num_heads} heads, vocabulary {config.vocab_size})")

@@ -293,14 +293,10 @@ class SelectiveBackpropTrainer(Trainer):
         return output
 
     def create_model_card(self, *args, **kwargs):
-        # push_to_hub would replace the card that hf_selective_backprop.cards wrote (settings,
-        # savings, accuracy) with the Trainer's generic one; keep ours when it is there.
-        card = os.path.join(self.args.output_dir, "README.md")
-        if os.path.isfile(card):
-            with open(card, encoding="utf-8") as handle:
-                if "selective-backprop" in handle.read():
-                    return
-        super().create_model_card(*args, **kwargs)
+        # The Selective-Backprop card (settings, savings, accuracy) in place of the Trainer's generic one.
+        from .cards import write_trainer_card
+
+        return write_trainer_card(self, *args, **kwargs)
 
     # ---- checkpoints ---------------------------------------------------------------------------
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from transformers import set_seed
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-from .cards import render_model_card
+from .cards import hub_dataset_id, training_costs
 from .checkpoints import STATE_FILE, last_complete_checkpoint
 from .config import SelectiveBackpropConfig
 from .data import DataArguments, load_image_data
@@ -33,22 +32,6 @@ class RunResult:
     stats: dict
     output_dir: str
     eval_history: list[dict] = field(default_factory=list)
-
-
-def traditional_stats(trainer: SelectiveBackpropTrainer, num_examples: int, train_seconds: float) -> dict:
-    """Cost counters of an `sb_strategy=none` run, which trains every example it reads."""
-    epochs = trainer.state.epoch or 0.0
-    rows = round(epochs * num_examples)
-    return {
-        "strategy": "none",
-        "examples_seen": rows,
-        "selection_forwards": 0,
-        "training_forwards": rows,
-        "backwards": rows,
-        "optimizer_steps": trainer.state.global_step,
-        "kept_fraction": 1.0,
-        "train_seconds": train_seconds,
-    }
 
 
 def check_output_dir(path: str) -> None:
@@ -154,28 +137,19 @@ def train_image_classifier(
         eval_dataset=data.eval,
         compute_metrics=compute_metrics,
     )
-    start = time.perf_counter()
     trainer.train(resume_from_checkpoint=checkpoint)
-    train_seconds = time.perf_counter() - start
-    stats = getattr(trainer, "sb_stats", None) or traditional_stats(trainer, len(data.train), train_seconds)
+    stats = training_costs(trainer)
 
     metrics = trainer.evaluate() if data.eval is not None else {}
     accuracy = metrics.get("eval_accuracy")
     trainer.save_model()
+    card = {"dataset": data.dataset_id, "eval_split": data_args.eval_split or "test"}
     if trainer.args.should_save:
-        render_model_card(
-            config.output_dir,
-            config,
-            architecture=model_args.model,
-            dataset=data.dataset_id,
-            stats=stats,
-            accuracy=accuracy,
-            eval_split=data_args.eval_split or "test",
-            num_train_examples=len(data.train),
-        )
+        trainer.create_model_card(**card)
         if len(data.train.noisy_indices):
             data.train.noisy_indices.numpy().tofile(os.path.join(config.output_dir, "noisy_indices.int64"))
     if config.push_to_hub:
-        trainer.push_to_hub(commit_message=f"{config.sb_strategy} on {data.dataset_id}")
+        name = hub_dataset_id(data.dataset_id) or data.spec.name
+        trainer.push_to_hub(commit_message=f"{config.sb_strategy} on {name}", **card)
     evals = [entry for entry in trainer.state.log_history if "eval_accuracy" in entry]
     return RunResult(config.sb_strategy, accuracy, stats, config.output_dir, evals)

@@ -9,7 +9,6 @@ Every flag: --help.
 """
 
 import math
-import time
 
 from transformers import (
     AutoTokenizer,
@@ -20,7 +19,7 @@ from transformers import (
 )
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
-from hf_selective_backprop.cards import render_model_card
+from hf_selective_backprop.cards import hub_dataset_id, training_costs
 from hf_selective_backprop.data.text import (
     TextDataArguments,
     load_text_data,
@@ -29,15 +28,8 @@ from hf_selective_backprop.data.text import (
     train_wordpiece_tokenizer,
 )
 from hf_selective_backprop.metrics import compute_metrics
-from hf_selective_backprop.text_models import (
-    CARD_TEMPLATES,
-    PIPELINE_TAGS,
-    TextModelArguments,
-    build_text_model,
-    describe,
-    load_tokenizer,
-)
-from hf_selective_backprop.workflow import traditional_stats
+from hf_selective_backprop.text_models import PIPELINE_TAGS, TextModelArguments, build_text_model, load_tokenizer
+from hf_selective_backprop.workflow import check_output_dir, resume_checkpoint
 
 # A small BERT trained from scratch: every one is a flag.
 DEFAULTS = dict(
@@ -59,6 +51,8 @@ def main() -> None:
     parser = HfArgumentParser((SelectiveBackpropConfig, TextDataArguments, TextModelArguments))
     parser.set_defaults(**DEFAULTS)
     config, data_args, model_args = parser.parse_args_into_dataclasses()
+    check_output_dir(config.output_dir)
+    checkpoint = resume_checkpoint(config)
     set_seed(config.seed)
     classification = data_args.task == "text-classification"
 
@@ -98,31 +92,20 @@ def main() -> None:
         compute_metrics=compute_metrics if classification else None,
     )
 
-    start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
-    train_seconds = time.perf_counter() - start
-    stats = getattr(trainer, "sb_stats", None) or traditional_stats(trainer, len(train), train_seconds)
+    trainer.train(resume_from_checkpoint=checkpoint)
+    stats = training_costs(trainer)
 
     metrics = trainer.evaluate() if evaluation is not None else {}
     if "eval_loss" in metrics and not classification:
         metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 700.0))
     trainer.save_model()
     trainer.save_metrics("eval", metrics)
+    card = {"dataset": data_args.dataset, "eval_split": data_args.eval_split, "tasks": PIPELINE_TAGS[data_args.task]}
     if config.should_save:
-        render_model_card(
-            config.output_dir,
-            config,
-            architecture=describe(model, model_args),
-            dataset=data.dataset_id,
-            stats=stats,
-            accuracy=metrics.get("eval_accuracy"),
-            eval_split=data_args.eval_split or "n/a",
-            num_train_examples=len(train),
-            template=CARD_TEMPLATES[data_args.task],
-            pipeline_tag=PIPELINE_TAGS[data_args.task],
-        )
+        trainer.create_model_card(**card)
     if config.push_to_hub:
-        trainer.push_to_hub(commit_message=f"{config.sb_strategy} on {data.dataset_id}")
+        name = hub_dataset_id(data_args.dataset) or data.dataset_id
+        trainer.push_to_hub(commit_message=f"{config.sb_strategy} on {name}", **card)
 
     if config.should_save:
         results = " ".join(f"{k.removeprefix('eval_')}={v:.4f}" for k, v in metrics.items() if "loss" in k or

@@ -4,11 +4,10 @@ import json
 
 import pytest
 
+from hf_selective_backprop.benchmarks.logs import breakdown, load_logs
 from hf_selective_backprop.benchmarks.report import (
-    breakdown,
     epochs_for_budget,
     epochs_for_relative_budget,
-    load_logs,
     relative_epoch_costs,
     render_table1,
     table1,
@@ -147,3 +146,38 @@ def test_turnstile_runs_one_epoch_of_each_in_turn():
     for thread in threads:
         thread.join(timeout=10)
     assert trace == [("a", 0), ("b", 0), ("c", 0), ("a", 1), ("c", 1), ("c", 2)]
+
+
+def test_benchmark_modules_import_no_circle():
+    import ast
+    from pathlib import Path
+
+    import hf_selective_backprop.benchmarks as package
+
+    folder = Path(package.__file__).parent
+    graph = {}
+    for path in folder.glob("*.py"):
+        # Function-level imports count too: a lazy import still closes a circle.
+        nodes = ast.walk(ast.parse(path.read_text()))
+        graph[path.stem] = {
+            node.module.split(".")[0] for node in nodes if isinstance(node, ast.ImportFrom) and node.level == 1
+        }
+
+    def reaches(start, target, seen=()):
+        return any(n == target or (n not in seen and reaches(n, target, (*seen, n))) for n in graph.get(start, ()))
+
+    assert "plots" in graph and "report" in graph["cli"]
+    assert [name for name in graph if reaches(name, name)] == []
+
+
+def test_report_without_matplotlib_and_plots_name_the_extra(logs, tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the extra were not installed
+    monkeypatch.delitem(sys.modules, "hf_selective_backprop.benchmarks.plots", raising=False)
+    for name, log in logs.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(log))
+    assert write_report(str(tmp_path), "no plots", plots=False).endswith("report.md")
+    with pytest.raises(ImportError, match=r"hf-selective-backprop\[benchmarks\]"):
+        importlib.import_module("hf_selective_backprop.benchmarks.plots")

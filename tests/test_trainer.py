@@ -204,14 +204,3 @@ def test_resume_reaches_the_same_weights(tmp_path):
     assert torch.equal(weights(resumed.model), weights(full.model))
     assert resumed.sb_stats["examples_seen"] == full.sb_stats["examples_seen"]
 
-
-def test_push_to_hub_card_keeps_the_selective_backprop_card(output_dir):
-    trainer = SelectiveBackpropTrainer(model=TinyClassifier(), args=make_config(output_dir),
-                                       train_dataset=make_dataset())
-    os.makedirs(output_dir, exist_ok=True)
-    card = os.path.join(output_dir, "README.md")
-    with open(card, "w") as handle:
-        handle.write("---\ntags: [selective-backprop]\n---\nours\n")
-    trainer.create_model_card(model_name="x")
-    with open(card) as handle:
-        assert handle.read().endswith("ours\n")

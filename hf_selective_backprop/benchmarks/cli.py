@@ -6,7 +6,8 @@ import logging
 import os
 from dataclasses import dataclass, field
 
-from .report import CLOCKS, epochs_for_budget, epochs_for_relative_budget, load_logs, write_report
+from .logs import CLOCKS, load_logs
+from .report import epochs_for_budget, epochs_for_relative_budget, write_report
 from .strategies import DEFAULT_STRATEGIES, Strategy, build_strategy
 
 logger = logging.getLogger(__name__)

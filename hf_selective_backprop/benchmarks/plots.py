@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-import matplotlib
+try:
+    import matplotlib
+except ImportError as error:
+    raise ImportError(
+        "the benchmark plots need matplotlib: pip install 'hf-selective-backprop[benchmarks]' "
+        "(or write the report without them: write_report(..., plots=False))"
+    ) from error
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import FuncFormatter  # noqa: E402
 
-from .report import BASELINE, CLOCKS, FACTORS, breakdown, final_error  # noqa: E402
+from .logs import BASELINE, CLOCKS, FACTORS, breakdown, final_error  # noqa: E402
 
 
 def plot_error_vs_time(logs: dict[str, dict], path: str, clock: str = "wall", title: str = "") -> None:

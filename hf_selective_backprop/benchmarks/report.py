@@ -3,33 +3,10 @@ computed from the per-strategy JSON logs alone (no torch, no transformers)."""
 
 from __future__ import annotations
 
-import glob
-import json
 import math
 import os
 
-from .strategies import DEFAULT_STRATEGIES
-
-FACTORS = (1.0, 1.1, 1.2, 1.4)
-CLOCKS = {"wall": "train_wall_seconds", "cpu": "train_cpu_seconds"}
-BASELINE = "traditional"
-_ORDER = (*DEFAULT_STRATEGIES, "sb-warmup", "topk")
-
-
-def load_logs(folder: str) -> dict[str, dict]:
-    """`<folder>/<strategy>.json` logs, in the canonical strategy order."""
-    logs = {}
-    for path in glob.glob(os.path.join(folder, "*.json")):
-        with open(path) as handle:
-            log = json.load(handle)
-        if isinstance(log, dict) and "evals" in log and "strategy" in log:
-            logs[log["strategy"]] = log
-    rank = {name: i for i, name in enumerate(_ORDER)}
-    return dict(sorted(logs.items(), key=lambda item: (rank.get(item[0], len(rank)), item[0])))
-
-
-def final_error(log: dict) -> float:
-    return log["evals"][-1]["error"]
+from .logs import BASELINE, CLOCKS, FACTORS, breakdown, final_error, load_logs
 
 
 def time_to_error(log: dict, target: float, clock: str = "wall") -> float | None:
@@ -75,25 +52,6 @@ def table1(logs: dict[str, dict], clock: str = "wall", factors=FACTORS, baseline
             }
         )
     return {"clock": clock, "baseline_error": base_error, "targets": targets, "rows": rows}
-
-
-def breakdown(log: dict) -> dict:
-    """Wall seconds of training (evaluation excluded) split as in the paper's Figure 1."""
-    stats, timings = log["stats"], log.get("timings", {})
-    total = log["train_wall_seconds"]
-    selection_forward = stats.get("selection_forward_seconds", 0.0)
-    overhead = stats.get("selection_overhead_seconds", 0.0)
-    data = stats.get("data_seconds", 0.0)
-    train = timings.get("train_step_seconds", 0.0) + timings.get("optimizer_seconds", 0.0)
-    other = max(total - selection_forward - overhead - data - train, 0.0)
-    return {
-        "selection_forward": selection_forward,
-        "selection_overhead": overhead,
-        "training": train,
-        "data": data,
-        "other": other,
-        "total": total,
-    }
 
 
 def epochs_for_budget(log: dict, budget: float, clock: str = "wall") -> float:
@@ -344,6 +302,7 @@ def write_report(folder: str, title: str | None = None, notes: str = "", plots: 
     title = title or default_title(logs)
     text = render_report(logs, title, notes)
     if plots:
+        # Imported here: matplotlib comes with the optional `benchmarks` extra, the text report does not need it.
         from .plots import plot_breakdown, plot_error_vs_time
 
         for clock in CLOCKS:

@@ -38,6 +38,7 @@ from ..data import ImageClassificationData
 from ..metrics import compute_metrics
 from ..models import ModelArguments, build_model
 from ..trainer import SelectiveBackpropTrainer
+from .provenance import provenance
 from .strategies import Strategy
 
 LOG_VERSION = 1
@@ -320,6 +321,7 @@ def run_strategy(
         "timings": trainer.timings,
         "stats": stats,
         "interleaved_with": list(turnstile.order) if turnstile is not None else [],
+        "provenance": provenance(),
         "machine": {
             "platform": platform.platform(),
             "cpus": os.cpu_count(),

@@ -6,6 +6,14 @@ from dataclasses import dataclass, field
 
 DEFAULT_STRATEGIES = ("traditional", "sb", "stale-sb", "kath18", "composer", "uniform")
 
+#: SB-family settings that end on all data: name -> (label, overrides besides sb, keep and sb_end 0.875).
+ANNEALED = {
+    "sb-anneal": ("SB keep {keep:.2f}, annealed", {}),
+    "sb-anneal-floor": ("SB keep {keep:.2f}, floor 0.1, annealed", {"sb_min_prob": 0.1}),
+    "sb-anneal-weighted": ("SB keep {keep:.2f}, reweighted, annealed", {"sb_importance_weighting": True}),
+    "stale-sb-anneal": ("Stale-SB (n={n}) keep {keep:.2f}, annealed", {"sb_staleness": None}),
+}
+
 
 @dataclass(frozen=True)
 class Strategy:
@@ -35,9 +43,21 @@ def build_strategy(name: str, keep: float, staleness: int, warmup_epochs: int) -
             f"SB after {warmup_epochs} full epochs",
             {"sb_strategy": "sb", "sb_keep": keep, "sb_warmup_epochs": warmup_epochs},
         )
+    if name == "infobatch":
+        return Strategy(name, "InfoBatch", {"sb_strategy": "infobatch"})
+    if name.startswith("infobatch-r"):  # e.g. infobatch-r0.7: another prune ratio
+        ratio = float(name.removeprefix("infobatch-r"))
+        return Strategy(name, f"InfoBatch r={ratio:g}", {"sb_strategy": "infobatch", "sb_prune_ratio": ratio})
+    if name in ANNEALED:
+        # The last 12.5 % of training on all data, as InfoBatch anneals.
+        overrides = {"sb_strategy": "sb", "sb_keep": keep, "sb_end": 0.875, **ANNEALED[name][1]}
+        if "sb_staleness" in overrides:
+            overrides["sb_staleness"] = staleness
+        return Strategy(name, ANNEALED[name][0].format(keep=keep, n=staleness), overrides)
     if name in ("kath18", "composer", "uniform", "topk"):
         labels = {"kath18": "Kath18", "composer": "Composer", "uniform": "Uniform", "topk": "Top-k"}
         return Strategy(name, labels[name], {"sb_strategy": name, "sb_keep": keep})
     raise ValueError(
-        f"unknown strategy {name!r}: choose from traditional, sb, stale-sb, sb-warmup, kath18, composer, uniform, topk"
+        f"unknown strategy {name!r}: choose from traditional, sb, stale-sb, sb-warmup, kath18, composer, uniform, "
+        f"topk, infobatch, infobatch-r<ratio>, {', '.join(ANNEALED)}"
     )

@@ -1,0 +1,147 @@
+"""Several seeds of one benchmark: mean and spread of accuracy, training time and time to target.
+
+``<root>/seed<k>/<strategy>.json`` are the per-seed logs `scripts/benchmark.py` writes. Every
+time-to-target figure is read against the Traditional run *of the same seed*: its final error x
+factor is the target, and the speedup is Traditional's time to that target over the strategy's.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import statistics
+
+from .logs import BASELINE, CLOCKS, final_error, load_logs
+from .report import time_to_error
+
+FACTORS = (1.0, 1.1, 1.2)
+
+
+def load_seeds(root: str) -> dict[str, dict[str, dict]]:
+    """{seed folder name: {strategy: log}} for every ``seed*`` folder of ``root`` holding logs."""
+    seeds = {}
+    for folder in sorted(glob.glob(os.path.join(root, "seed*"))):
+        logs = load_logs(folder)
+        if logs:
+            seeds[os.path.basename(folder)] = logs
+    return seeds
+
+
+def _spread(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarize_seeds(seeds: dict[str, dict[str, dict]], clock: str = "wall") -> list[dict]:
+    """One row per strategy (in the logs' order): means and standard deviations over seeds."""
+    key = CLOCKS[clock]
+    names = list(dict.fromkeys(name for logs in seeds.values() for name in logs))
+    rows = []
+    for name in names:
+        runs = [(logs[name], logs.get(BASELINE)) for logs in seeds.values() if name in logs]
+        row = {
+            "strategy": name,
+            "label": runs[0][0].get("label", name),
+            "seeds": len(runs),
+            "accuracy": _spread([100 * (1 - final_error(log)) for log, _ in runs]),
+            "train_seconds": _spread([log[key] for log, _ in runs]),
+            "kept_fraction": statistics.fmean(log["stats"].get("kept_fraction", 1.0) for log, _ in runs),
+            "time_ratio": None,
+            "to_target": {},
+        }
+        paired = [(log, base) for log, base in runs if base is not None]
+        if paired:
+            row["time_ratio"] = _spread([base[key] / log[key] for log, base in paired])
+        for factor in FACTORS:
+            speedups, times = [], []
+            for log, base in paired:
+                target = factor * final_error(base)
+                ours, theirs = time_to_error(log, target, clock), time_to_error(base, target, clock)
+                if ours is not None:
+                    times.append(ours)
+                    if theirs is not None:
+                        speedups.append(theirs / ours)
+            row["to_target"][factor] = {
+                "reached": len(times),
+                "of": len(paired),
+                "seconds": _spread(times) if times else None,
+                "speedup": _spread(speedups) if speedups else None,
+            }
+        rows.append(row)
+    return rows
+
+
+def _fmt(pair: tuple[float, float] | None, digits: int = 1, suffix: str = "") -> str:
+    if pair is None:
+        return "not reached"
+    return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}{suffix}"
+
+
+def seeds_table(rows: list[dict], clock: str = "wall") -> str:
+    header = (
+        "| strategy | seeds | final accuracy (%) | training time (s) | time vs Traditional | kept fraction | "
+        + " | ".join(f"to {f:g}x Trad. error: speedup (reached)" for f in FACTORS)
+        + " |"
+    )
+    lines = [header, "|" + "---|" * (6 + len(FACTORS))]
+    for row in rows:
+        cells = [
+            row["label"],
+            str(row["seeds"]),
+            _fmt(row["accuracy"], 2),
+            _fmt(row["train_seconds"], 0),
+            _fmt(row["time_ratio"], 2, "x") if row["time_ratio"] else "-",
+            f"{row['kept_fraction']:.2f}",
+        ]
+        for factor in FACTORS:
+            target = row["to_target"][factor]
+            cells.append(f"{_fmt(target['speedup'], 2, 'x')} ({target['reached']}/{target['of']})")
+        lines.append("| " + " | ".join(cells) + " |")
+    note = f"Mean ± standard deviation over seeds; {clock}-clock training time, evaluation excluded."
+    return "\n".join(lines) + f"\n\n{note}\n"
+
+
+def plot_seeds(seeds: dict[str, dict[str, dict]], path: str, clock: str = "wall") -> str:
+    """Test error against training time: one line per seed, one colour per strategy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    key = CLOCKS[clock]
+    figure, axis = plt.subplots(figsize=(8, 5))
+    colours, labelled = {}, set()
+    for logs in seeds.values():
+        for name, log in logs.items():
+            colour = colours.setdefault(name, f"C{len(colours)}")
+            label = None if name in labelled else log.get("label", name)
+            labelled.add(name)
+            times = [e[key] for e in log["evals"]]
+            errors = [100 * e["error"] for e in log["evals"]]
+            axis.plot(times, errors, color=colour, alpha=0.8, label=label, marker=".")
+    axis.legend()
+    axis.set_xlabel(f"training time ({clock} clock, s)")
+    axis.set_ylabel("test error (%)")
+    axis.set_title(f"{len(seeds)} seeds, one line per seed")
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def write_seeds_report(root: str, title: str, clock: str = "wall") -> str:
+    seeds = load_seeds(root)
+    if not seeds:
+        raise ValueError(f"no seed*/ folders with logs in {root}")
+    rows = summarize_seeds(seeds, clock)
+    plot_seeds(seeds, os.path.join(root, "error_vs_time.png"), clock)
+    provenance = next(iter(next(iter(seeds.values())).values())).get("provenance", {})
+    text = (
+        f"# {title}\n\n{seeds_table(rows, clock)}\n![error vs time](error_vs_time.png)\n\n"
+        f"Commit {provenance.get('commit')} (clean tree: {provenance.get('clean_tree')}); "
+        f"versions {provenance.get('versions')}. Each seed's command is in its logs.\n"
+    )
+    path = os.path.join(root, "report.md")
+    with open(path, "w") as handle:
+        handle.write(text)
+    return path

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Build the wheel, install it (not editable) into a fresh virtual environment, and train one epoch
+# on scikit-learn's bundled digits from outside the source tree: the model card must be written
+# from the template that ships in the wheel. Offline; about a minute on two CPU cores.
+#
+#   bash scripts/check_wheel.sh            # uses .venv/bin/python for the build and the dependencies
+#   PYTHON=/path/to/python bash scripts/check_wheel.sh
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+unset PYTHONPATH  # the source tree must not be importable
+
+# Build from a copy of the sources: setuptools would otherwise reuse stale files from ./build.
+mkdir "$WORK/src"
+tar -C "$ROOT" -cf - --exclude=./.venv --exclude=./.git --exclude=./build --exclude=./dist --exclude=./outputs \
+    --exclude='*.egg-info' --exclude=__pycache__ . | tar -C "$WORK/src" -xf -
+"$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$WORK/dist" "$WORK/src"
+WHEEL="$(ls "$WORK"/dist/hf_selective_backprop-*.whl)"
+echo "built $(basename "$WHEEL")"
+"$PYTHON" - "$WHEEL" <<'EOF'
+import sys
+import zipfile
+
+names = set(zipfile.ZipFile(sys.argv[1]).namelist())
+needed = {
+    "hf_selective_backprop/templates/selective_backprop.md",
+    "hf_selective_backprop/py.typed",
+    "hf_selective_backprop/metrics/accuracy/accuracy.py",
+}
+missing = sorted(needed - names)
+licence = [name for name in names if name.endswith(".dist-info/licenses/LICENSE")]
+if missing or not licence:
+    sys.exit(f"wheel lacks {missing or 'the LICENSE'}")
+print("wheel holds", ", ".join(sorted(needed)), "and", licence[0])
+EOF
+
+# The heavy dependencies (torch, transformers, ...) come from $PYTHON's site-packages through a
+# .pth file, listed after the new environment's own site-packages, so the wheel's copy wins.
+"$PYTHON" -m venv "$WORK/venv"
+VPY="$WORK/venv/bin/python"
+DEPS="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+SITE="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+echo "$DEPS" > "$SITE/zz_dependencies.pth"
+"$VPY" -m pip install --quiet --no-deps --no-index "$WHEEL"
+
+cd "$WORK"
+"$VPY" -c '
+import sys, hf_selective_backprop
+assert hf_selective_backprop.__file__.startswith(sys.prefix), hf_selective_backprop.__file__
+print("imports", hf_selective_backprop.__file__)
+'
+HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 "$VPY" "$ROOT/scripts/train.py" \
+    --dataset digits --model resnet18 --image_size 16 --max_train_samples 256 --max_eval_samples 64 \
+    --per_device_train_batch_size 32 --num_train_epochs 1 --save_strategy no --disable_tqdm true \
+    --use_cpu --output_dir "$WORK/run" 2>&1 | tail -n 1
+"$VPY" - "$WORK" <<'EOF'
+import json
+import sys
+from pathlib import Path
+
+from huggingface_hub import ModelCard
+
+run = Path(sys.argv[1], "run")
+text = (run / "README.md").read_text()
+card = ModelCard.load(run / "README.md")
+assert "selective-backprop" in card.data.tags and "Strategy: `sb`" in text, text[:2000]
+assert sys.argv[1] not in text, "a local path in the card"
+stats = json.loads((run / "sb_stats.json").read_text())
+assert f"| backward passes (examples) | {stats['backwards']:,} |" in text
+print(f"card written from the installed template: {run / 'README.md'} ({stats['backwards']} backward passes)")
+EOF
+echo "wheel check passed"

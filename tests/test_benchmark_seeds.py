@@ -1,0 +1,40 @@
+"""Aggregation over seeds: means, spreads and per-seed time-to-target against that seed's Traditional."""
+
+import json
+
+import pytest
+
+from hf_selective_backprop.benchmarks.seeds import load_seeds, seeds_table, summarize_seeds
+
+
+def log(strategy, errors, seconds, kept=1.0):
+    evals = [
+        {"epoch": i + 1, "error": e, "train_wall_seconds": t, "train_cpu_seconds": t}
+        for i, (e, t) in enumerate(zip(errors, seconds, strict=True))
+    ]
+    return {"strategy": strategy, "label": strategy, "evals": evals, "stats": {"kept_fraction": kept},
+            "train_wall_seconds": seconds[-1], "train_cpu_seconds": seconds[-1]}
+
+
+def write(root, seed, *logs):
+    folder = root / f"seed{seed}"
+    folder.mkdir(parents=True)
+    for entry in logs:
+        (folder / f"{entry['strategy']}.json").write_text(json.dumps(entry))
+
+
+def test_time_to_target_is_read_against_the_same_seeds_traditional(tmp_path):
+    trad = [10, 20, 30]
+    write(tmp_path, 1, log("traditional", [0.5, 0.3, 0.2], trad), log("fast", [0.4, 0.2, 0.19], [5, 10, 15], 0.5))
+    write(tmp_path, 2, log("traditional", [0.5, 0.4, 0.3], trad), log("fast", [0.45, 0.35, 0.32], [5, 10, 15], 0.7))
+    rows = {row["strategy"]: row for row in summarize_seeds(load_seeds(str(tmp_path)))}
+    fast = rows["fast"]
+    assert fast["seeds"] == 2
+    assert fast["accuracy"] == pytest.approx((74.5, 13 / 2**0.5), rel=1e-6)  # 81 and 68 %
+    assert fast["time_ratio"] == pytest.approx((2.0, 0.0))
+    assert fast["kept_fraction"] == pytest.approx(0.6)
+    # Seed 1 reaches Traditional's 0.2 at 10 s (Traditional: 30 s); seed 2 never reaches 0.3.
+    assert fast["to_target"][1.0]["reached"] == 1 and fast["to_target"][1.0]["speedup"] == pytest.approx((3.0, 0.0))
+    # 1.2 x: seed 1's target 0.24 at 10 s (Traditional 30 s), seed 2's 0.36 at 10 s (Traditional 30 s).
+    assert fast["to_target"][1.2]["speedup"] == pytest.approx((3.0, 0.0))
+    assert "not reached" not in seeds_table(list(rows.values())).splitlines()[3]

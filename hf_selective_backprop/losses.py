@@ -1,4 +1,13 @@
-"""Per-example losses that match the model's own mean loss."""
+"""Per-example losses that match the model's own loss.
+
+Selection ranks examples by a per-example loss, and a weighted strategy trains on
+``sum_i w_i * loss_sum_i / num_items``. Both must agree with the loss the model (or the
+Trainer's label smoother) computes, so each loss here is a pair per example: the sum of its
+loss items and how many items it has (1 for a class label, one per non-ignored token, one per
+label entry for multi-label and multi-output regression). The example's loss is sum / count;
+the model's own loss is the sum over the batch divided by the item count, which is exactly
+the Trainer's ``num_items_in_batch`` when it passes one.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +19,13 @@ import torch.nn.functional as F
 #: (model outputs, labels) -> one loss per example, shape (batch,).
 PerExampleLoss = Callable[[object, torch.Tensor], torch.Tensor]
 
+TASKS = ("classification", "token-classification", "causal-lm")
+IGNORE_INDEX = -100
+
 
 def logits_of(outputs) -> torch.Tensor:
+    if torch.is_tensor(outputs):
+        return outputs
     if isinstance(outputs, dict):
         return outputs["logits"]
     return outputs.logits if hasattr(outputs, "logits") else outputs[0]
@@ -23,9 +37,9 @@ def check_class_labels(labels: torch.Tensor, num_classes: int, label_name: str =
     PyTorch's own error comes from deep inside cross-entropy (an IndexError on CPU, a device-side
     assert that kills the process on CUDA) and names neither the column nor the valid range.
     """
-    if labels.dtype.is_floating_point or labels.dtype == torch.bool or labels.dim() != 1:
+    if labels.dtype.is_floating_point or labels.dtype == torch.bool:
         return
-    bad = ((labels < 0) & (labels != -100)) | (labels >= num_classes)
+    bad = ((labels < 0) & (labels != IGNORE_INDEX)) | (labels >= num_classes)
     if bool(bad.any()):
         values = sorted(set(labels[bad].tolist()))
         raise ValueError(
@@ -45,22 +59,164 @@ def cross_entropy_per_example(
     outside the logits' classes raise a ValueError naming ``label_name``.
     """
     logits = logits_of(outputs)
-    if logits.dim() == 2:
+    if logits.dim() == 2 and labels.dim() == 1:
         check_class_labels(labels, logits.shape[-1], label_name)
     return F.cross_entropy(
         logits.float(),
         labels,
         reduction="none",
-        ignore_index=-100,
+        ignore_index=IGNORE_INDEX,
         label_smoothing=label_smoothing,
     )
 
 
-def weighted_loss(
-    per_example: torch.Tensor, weights: torch.Tensor, labels: torch.Tensor, num_items_in_batch=None
-) -> torch.Tensor:
-    """Sum of weighted per-example losses over the model's own normaliser: the step's item count
-    when the Trainer passes one (the loss is then already scaled for accumulation), else the
-    batch's non-ignored rows. With all weights 1 it equals the model's mean loss."""
-    denominator = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum()
-    return (per_example * weights).sum() / torch.as_tensor(denominator).clamp_min(1)
+class ExampleLoss:
+    """The per-example loss of one kind of model, as (sum, count) pairs and as their ratio.
+
+    Calling it gives each example's loss: for token-level tasks the mean over the example's
+    non-ignored tokens (0 for an example with none), which is what selection ranks.
+
+    Args:
+        task: ``"classification"`` (sequence or image classification: transformers' problem_type
+            rules for single-label, multi-label and regression), ``"token-classification"`` or
+            ``"causal-lm"`` (token t's logits predict label t+1, as transformers' causal-LM loss).
+        config: the model's config; its ``problem_type`` and ``num_labels`` pick the classification
+            loss. Without one, classification is single-label cross-entropy.
+        label_smoothing: the Trainer's ``label_smoothing_factor``. Applied to class and token
+            labels as transformers' ``LabelSmoother`` does, not to multi-label classification (the
+            Trainer turns it off there); regression has no classes to smooth and is refused.
+    """
+
+    def __init__(self, task: str = "classification", config=None, label_smoothing: float = 0.0,
+                 label_name: str = "labels"):
+        if task not in TASKS:
+            raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+        self.task = task
+        self.config = config
+        self.label_smoothing = label_smoothing
+        self.label_name = label_name
+
+    def __call__(self, outputs, labels: torch.Tensor) -> torch.Tensor:
+        sums, counts = self.sums_and_counts(outputs, labels)
+        return sums / counts.clamp_min(1)
+
+    def sums_and_counts(self, outputs, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per example: the sum of its loss items (float32) and how many there are."""
+        logits = logits_of(outputs)
+        if self.task == "causal-lm":
+            return self._token_losses(logits[:, :-1], labels[:, 1:])
+        if self.task == "token-classification":
+            return self._token_losses(logits, labels)
+        problem_type = self.problem_type(labels)
+        if problem_type == "single_label_classification":
+            if labels.dtype.is_floating_point and labels.shape == logits.shape:
+                # Class probabilities (soft targets): one item per example.
+                losses = cross_entropy_per_example(logits, labels, self.label_smoothing, self.label_name)
+                return losses, torch.ones_like(losses)
+            losses = cross_entropy_per_example(logits, labels.reshape(-1), self.label_smoothing, self.label_name)
+            return losses, (labels.reshape(-1) != IGNORE_INDEX).to(losses.dtype)
+        if self.label_smoothing and problem_type == "regression":
+            raise ValueError(
+                "--label_smoothing_factor smooths class labels, and this model does regression "
+                "(problem_type='regression'): set it to 0"
+            )
+        rows = logits.shape[0]
+        logits, labels = logits.float().reshape(rows, -1), labels.float().reshape(rows, -1)
+        if problem_type == "regression":
+            items = (logits - labels) ** 2
+        else:
+            items = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+        return items.sum(dim=1), torch.full_like(items[:, 0], items.shape[1])
+
+    def problem_type(self, labels: torch.Tensor) -> str:
+        """transformers' rule: the config's problem_type, else regression for one output, else
+        single-label for int32/int64 labels and multi-label for any other. A model without a config
+        is single-label."""
+        problem_type = getattr(self.config, "problem_type", None)
+        if problem_type is not None:
+            return problem_type
+        num_labels = getattr(self.config, "num_labels", None)
+        if num_labels is None:
+            return "single_label_classification"
+        if num_labels == 1:
+            return "regression"
+        if labels.dtype in (torch.long, torch.int):
+            return "single_label_classification"
+        return "multi_label_classification"
+
+    def _token_losses(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        check_class_labels(labels, logits.shape[-1], self.label_name)
+        tokens = F.cross_entropy(
+            logits.float().flatten(0, 1),
+            labels.flatten(),
+            reduction="none",
+            ignore_index=IGNORE_INDEX,
+            label_smoothing=self.label_smoothing,
+        ).view(labels.shape)
+        return tokens.sum(dim=1), (labels != IGNORE_INDEX).sum(dim=1).to(tokens.dtype)
+
+
+def model_task(model) -> str:
+    """The task a model's loss serves, read the way the Trainer reads it: causal LM if its loss shifts
+    labels or it is a causal-LM class, token classification if it is a token-classification class,
+    else classification."""
+    from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+    )
+
+    name = type(model).__name__
+    config = getattr(model, "config", None)
+    shifts = LOSS_MAPPING.get(getattr(model, "loss_type", None)) is ForCausalLMLoss
+    if (shifts and not getattr(config, "is_encoder_decoder", False)) or name in _names(
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    ):
+        return "causal-lm"
+    if name in _names(MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES):
+        return "token-classification"
+    return "classification"
+
+
+def _names(mapping) -> set[str]:
+    names = set()
+    for value in mapping.values():
+        names.update((value,) if isinstance(value, str) else value)
+    return names
+
+
+def per_example_loss_for(model, label_smoothing: float = 0.0, label_name: str = "labels",
+                         task: str | None = None) -> ExampleLoss:
+    """The per-example loss matching ``model``'s own loss (``task`` overrides the detected one)."""
+    return ExampleLoss(task or model_task(model), getattr(model, "config", None), label_smoothing, label_name)
+
+
+def loss_terms(loss_fn: PerExampleLoss, outputs, labels: torch.Tensor):
+    """(per-example losses, per-example loss sums, the batch's item count) for a weighted loss.
+
+    A plain callable gives one loss per example; its batch is normalised by the non-ignored labels,
+    as transformers counts ``num_items_in_batch``.
+    """
+    if isinstance(loss_fn, ExampleLoss):
+        sums, counts = loss_fn.sums_and_counts(outputs, labels)
+        return sums / counts.clamp_min(1), sums, counts.sum()
+    losses = loss_fn(outputs, labels)
+    return losses, losses, (labels != IGNORE_INDEX).sum()
+
+
+def weighted_loss(loss_fn: PerExampleLoss, outputs, labels: torch.Tensor, weights: torch.Tensor,
+                  num_items_in_batch=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sum_i w_i * loss_sum_i / num_items`` and the per-example losses.
+
+    ``num_items`` is the Trainer's ``num_items_in_batch`` (the step's items over all accumulated
+    micro-batches) when given, else this batch's items: with every weight 1 this is the model's
+    own loss whenever the model normalises by ``num_items_in_batch`` (transformers' causal-LM loss,
+    the Trainer's label smoother) or the step has one micro-batch.
+    """
+    losses, sums, items = loss_terms(loss_fn, outputs, labels)
+    denominator = num_items_in_batch if num_items_in_batch is not None else items
+    if torch.is_tensor(denominator):
+        denominator = denominator.to(sums.device).clamp_min(1)
+    else:
+        denominator = max(denominator, 1)
+    return (sums * weights).sum() / denominator, losses

@@ -26,7 +26,8 @@ from .engine.callback import SelectionFlowCallback
 from .engine.engine import WEIGHT_KEY
 from .engine.epoch_plan import PlannedSampler
 from .indexing import ids_by_position, with_index_column
-from .losses import cross_entropy_per_example, weighted_loss
+from .losses import model_task, per_example_loss_for, weighted_loss
+from .padding import queue_padding
 from .plan import TrainingPlan
 from .scoring import SelectionScorer
 from .selectors import build_selector
@@ -58,8 +59,10 @@ class SelectiveBackpropTrainer(Trainer):
                 "per_example_loss_func=(outputs, labels) -> per-example losses as well"
             )
         self.label_name = self.label_names[0] if self.label_names else "labels"
-        self.per_example_loss_func = per_example_loss_func or partial(
-            cross_entropy_per_example, label_smoothing=self.args.label_smoothing_factor, label_name=self.label_name
+        # The label smoother's factor: the Trainer drops it for multi-label classification.
+        smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
+        self.per_example_loss_func = per_example_loss_func or per_example_loss_for(
+            self.model, label_smoothing=smoothing, label_name=self.label_name
         )
         self.selector = build_selector(self.args)
         if self.selector is None:
@@ -76,8 +79,12 @@ class SelectiveBackpropTrainer(Trainer):
         args = self.args
         scorer = SelectionScorer.from_args(self.per_example_loss_func, self.label_name, args)
         self.selector = build_selector(args)
+        # Text rows from different selection batches have different lengths: re-pad each micro-batch.
+        token_labels = model_task(self.accelerator.unwrap_model(self.model)) != "classification"
+        padding = queue_padding(self.data_collator, self.processing_class, self.label_name, token_labels)
         return self.engine_class(
-            args, self.selector, scorer, self.accelerator, self._train_batch_size, self._selection_batch_size()
+            args, self.selector, scorer, self.accelerator, self._train_batch_size, self._selection_batch_size(),
+            padding=padding,
         )
 
     def _set_signature_columns_if_needed(self):
@@ -214,11 +221,12 @@ class SelectiveBackpropTrainer(Trainer):
         loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
         refresh = self.engine.records_training_losses and ids is not None
         if model.training and labels is not None and (weights is not None or refresh):
-            per_example = self.per_example_loss_func(outputs, labels)
-            if weights is not None:
-                loss = weighted_loss(per_example, weights, labels, num_items_in_batch) * self._loss_scale(
-                    num_items_in_batch
-                )
+            if weights is None:
+                per_example = self.per_example_loss_func(outputs, labels)
+            else:
+                loss, per_example = weighted_loss(self.per_example_loss_func, outputs, labels, weights,
+                                                  num_items_in_batch)
+                loss = loss * self._loss_scale(num_items_in_batch)
             if refresh:
                 # A trained example's training-forward loss is fresher than its stored one.
                 self.engine.observe(ids, per_example.detach().float().cpu())

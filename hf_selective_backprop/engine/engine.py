@@ -36,7 +36,8 @@ class SelectionEngine:
     """Strategy, loss history (inside the strategy), store, queue, generator and counters of one process.
 
     ``args`` is the `SelectiveBackpropConfig`; ``batch_size`` the training micro-batch size and
-    ``selection_batch_size`` the rows of one loaded selection batch, per process.
+    ``selection_batch_size`` the rows of one loaded selection batch, per process; ``padding`` the
+    `BatchQueue` pad values and side for variable-length (text) rows.
     """
 
     def __init__(
@@ -47,11 +48,12 @@ class SelectionEngine:
         accelerator: Accelerator,
         batch_size: int,
         selection_batch_size: int,
+        padding: dict | None = None,
     ):
         self.args, self.selector, self.scorer, self.accelerator = args, selector, scorer, accelerator
         self.batch_size, self.selection_batch_size = batch_size, selection_batch_size
         self.index_column = args.sb_index_column
-        self.queue = BatchQueue()
+        self.queue = BatchQueue(**(padding or {}))
         self.store = LossStore()
         self.stats = SelectionStats()
         self.generator = torch.Generator().manual_seed(args.seed + 1_000_003 * args.process_index)

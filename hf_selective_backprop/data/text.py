@@ -1,0 +1,230 @@
+"""Text data for Selective-Backprop runs: find the columns, train a tokenizer offline, tokenize.
+
+Rows are tokenized without padding: the data collator pads each selection batch, and the
+trainer pads each training micro-batch again to its own longest row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import datasets
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+TASKS = ("text-classification", "causal-lm")
+TEXT_COLUMNS = ("sentence", "text", "content", "review", "document", "sentence1", "question")
+LABEL_COLUMNS = ("label", "labels")
+STRING_DTYPES = ("string", "large_string")
+SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                  "mask_token": "[MASK]"}
+
+
+@dataclass
+class TextDataArguments:
+    dataset: str = field(
+        default="stanfordnlp/sst2",
+        metadata={"help": "Hub id or local folder (Hub layout, e.g. ../shared/data/sst2) of a dataset with a text "
+                  "column and, for text-classification, a label column."},
+    )
+    dataset_config: str | None = field(default=None, metadata={"help": "Dataset config name."})
+    task: str = field(
+        default="text-classification",
+        metadata={"help": "'text-classification' (accuracy) or 'causal-lm' (a language model on the texts; "
+                  "perplexity).", "choices": list(TASKS)},
+    )
+    text_column: str | None = field(
+        default=None, metadata={"help": f"Text column (default: the first of {', '.join(TEXT_COLUMNS)}, or the "
+                                "only string column)."}
+    )
+    text_pair_column: str | None = field(
+        default=None, metadata={"help": "Second text column for sentence-pair tasks (e.g. sentence2)."}
+    )
+    label_column: str | None = field(
+        default=None, metadata={"help": "Label column (default: 'label' or 'labels', or the only class-label column)."}
+    )
+    train_split: str = field(default="train", metadata={"help": "Split to train on (and train the tokenizer on)."})
+    eval_split: str | None = field(
+        default="validation", metadata={"help": "Split to evaluate on ('' or 'none': no evaluation)."}
+    )
+    max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N examples."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Evaluate on the first N examples."})
+    max_length: int = field(default=128, metadata={"help": "Truncate texts to this many tokens."})
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache folder for `datasets`."})
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        for name in ("max_train_samples", "max_eval_samples", "max_length"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"--{name} must be >= 1, got {value}")
+        if self.eval_split is not None and self.eval_split.lower() in ("", "none"):
+            self.eval_split = None
+
+
+@dataclass
+class TextData:
+    """Raw splits and what was found out about them."""
+
+    train: datasets.Dataset
+    eval: datasets.Dataset | None
+    dataset_id: str  # the Hub id, or a local folder's name
+    text_column: str
+    label_column: str | None
+    label_names: list[str] | None
+
+
+def load_text_data(args: TextDataArguments) -> TextData:
+    """The splits, their text and label columns, and the class names (text-classification)."""
+    source, dataset_id = args.dataset, args.dataset
+    if Path(source).expanduser().exists():
+        source = str(Path(source).expanduser().resolve())
+        dataset_id = Path(source).name
+    splits = datasets.load_dataset(source, args.dataset_config, cache_dir=args.cache_dir)
+    train = _split(splits, args.train_split, "--train_split", args.max_train_samples)
+    evaluation = _split(splits, args.eval_split, "--eval_split", args.max_eval_samples) if args.eval_split else None
+    text_column = find_text_column(train, args.text_column)
+    if args.text_pair_column is not None:
+        _check_column(train, args.text_pair_column, "--text_pair_column")
+    if args.task == "causal-lm":
+        return TextData(train, evaluation, dataset_id, text_column, None, None)
+    label_column = find_label_column(train, args.label_column)
+    names = class_names(train, label_column)
+    if _dtype(train, label_column) in STRING_DTYPES:
+        train = _to_class_ids(train, label_column, names)
+        evaluation = _to_class_ids(evaluation, label_column, names) if evaluation is not None else None
+    return TextData(train, evaluation, dataset_id, text_column, label_column, names)
+
+
+def _split(splits: datasets.DatasetDict, name: str, flag: str, limit: int | None) -> datasets.Dataset:
+    if name not in splits:
+        raise ValueError(f"{flag} {name!r} is not a split of this dataset; it has {', '.join(splits)}")
+    split = splits[name]
+    return split.select(range(min(limit, len(split)))) if limit is not None else split
+
+
+def _check_column(dataset: datasets.Dataset, column: str, flag: str) -> None:
+    if column not in dataset.column_names:
+        raise ValueError(f"{flag} {column!r} is not a column of the dataset; it has {', '.join(dataset.column_names)}")
+
+
+def find_text_column(dataset: datasets.Dataset, given: str | None = None) -> str:
+    if given is not None:
+        _check_column(dataset, given, "--text_column")
+        return given
+    for name in TEXT_COLUMNS:
+        if name in dataset.column_names:
+            return name
+    strings = [name for name in dataset.column_names if _dtype(dataset, name) in STRING_DTYPES]
+    if len(strings) == 1:
+        return strings[0]
+    raise ValueError(
+        f"cannot tell which column holds the text among {', '.join(dataset.column_names)}: pass --text_column"
+    )
+
+
+def find_label_column(dataset: datasets.Dataset, given: str | None = None) -> str:
+    if given is not None:
+        _check_column(dataset, given, "--label_column")
+        return given
+    for name in LABEL_COLUMNS:
+        if name in dataset.column_names:
+            return name
+    class_labels = [name for name in dataset.column_names if _is_class_label(dataset, name)]
+    if len(class_labels) == 1:
+        return class_labels[0]
+    raise ValueError(
+        f"cannot tell which column holds the label among {', '.join(dataset.column_names)}: pass --label_column"
+    )
+
+
+def _is_class_label(dataset: datasets.Dataset, column: str) -> bool:
+    return isinstance(dataset.features[column], datasets.ClassLabel)
+
+
+def _dtype(dataset: datasets.Dataset, column: str) -> str | None:
+    return getattr(dataset.features[column], "dtype", None)
+
+
+def class_names(dataset: datasets.Dataset, column: str) -> list[str]:
+    """The ClassLabel's names, else the sorted distinct values (integers 0..K-1, or strings numbered in order)."""
+    if _is_class_label(dataset, column):
+        return list(dataset.features[column].names)
+    dtype = _dtype(dataset, column)
+    values = sorted(dataset.unique(column))
+    if dtype in STRING_DTYPES:
+        return values
+    if dtype is not None and dtype.startswith(("int", "uint")) and values == list(range(len(values))):
+        return [str(v) for v in values]
+    raise ValueError(
+        f"--label_column {column!r} holds {dtype} values {values[:5]}: text-classification needs class labels, "
+        "integers 0..K-1, strings or a ClassLabel"
+    )
+
+
+def _to_class_ids(dataset: datasets.Dataset, column: str, names: list[str]) -> datasets.Dataset:
+    ids = {name: i for i, name in enumerate(names)}
+
+    def convert(batch):
+        unknown = {str(v) for v in batch[column]} - ids.keys()
+        if unknown:
+            raise ValueError(f"--label_column {column!r} holds {sorted(unknown)[:5]}, not seen in the train split")
+        return {column: [ids[str(v)] for v in batch[column]]}
+
+    features = dataset.features.copy()
+    features[column] = datasets.ClassLabel(names=names)
+    return dataset.map(convert, batched=True, features=features, desc="label ids")
+
+
+def train_wordpiece_tokenizer(texts: Iterator[str], vocab_size: int = 8000, max_length: int = 128,
+                              lowercase: bool = True, token_type_ids: bool = True) -> PreTrainedTokenizerFast:
+    """A BERT-style WordPiece tokenizer learnt from ``texts`` (no download).
+
+    Encodings read ``[CLS] text [SEP]`` (pairs ``[CLS] a [SEP] b [SEP]``): [CLS] is what a BERT
+    classifier pools, and for a causal LM it is the start token and [SEP] the end token.
+    ``token_type_ids=False`` for models without segment embeddings (GPT-2 would add the
+    embedding of token 0 to every position).
+    """
+    tokenizer = Tokenizer(models.WordPiece(unk_token=SPECIAL_TOKENS["unk_token"]))
+    steps = [normalizers.NFD(), normalizers.StripAccents()]
+    tokenizer.normalizer = normalizers.Sequence(([normalizers.Lowercase()] if lowercase else []) + steps)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS.values()),
+                                        show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
+    input_names = ["input_ids", "attention_mask"] + (["token_type_ids"] if token_type_ids else [])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, model_max_length=max_length, bos_token="[CLS]", eos_token="[SEP]",
+        model_input_names=input_names, **SPECIAL_TOKENS,
+    )
+
+
+def tokenize(dataset: datasets.Dataset, tokenizer, text_column: str, max_length: int,
+             label_column: str | None = None, text_pair_column: str | None = None) -> datasets.Dataset:
+    """Token ids (unpadded) and ``labels``; every other column is dropped."""
+
+    def encode(batch):
+        pair = batch[text_pair_column] if text_pair_column else None
+        encoded = tokenizer(batch[text_column], pair, truncation=True, max_length=max_length)
+        if label_column is not None:
+            encoded["labels"] = batch[label_column]
+        return encoded
+
+    return dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="tokenize")
+
+
+def texts_of(dataset: datasets.Dataset, *columns: str | None, batch_size: int = 1000) -> Iterator[list[str]]:
+    """Batches of the texts in ``columns`` (None skipped), for tokenizer training."""
+    for start in range(0, len(dataset), batch_size):
+        rows = dataset[start : start + batch_size]
+        for column in columns:
+            if column is not None:
+                yield rows[column]

@@ -1,0 +1,92 @@
+"""Text models: a small BERT classifier or GPT-2 language model built from a config, or any Hub model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    BertConfig,
+    BertForSequenceClassification,
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedModel,
+)
+
+#: The Hub pipeline tag (the model card's task) of each task.
+PIPELINE_TAGS = {"text-classification": "text-classification", "causal-lm": "text-generation"}
+
+
+@dataclass
+class TextModelArguments:
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Hub id or folder of a pretrained model (and its tokenizer). Default: a small model "
+                  "built from the size flags below, with a WordPiece tokenizer trained on the training split."},
+    )
+    tokenizer_name: str | None = field(
+        default=None, metadata={"help": "Hub id or folder of a tokenizer (default: the model's, or a trained one)."}
+    )
+    vocab_size: int = field(default=8000, metadata={"help": "Vocabulary of the trained WordPiece tokenizer."})
+    num_layers: int = field(default=2, metadata={"help": "Transformer layers of a model built from scratch."})
+    hidden_size: int = field(default=128, metadata={"help": "Hidden size of a model built from scratch."})
+    num_heads: int = field(default=2, metadata={"help": "Attention heads (must divide --hidden_size)."})
+    intermediate_size: int = field(default=512, metadata={"help": "Feed-forward size of a model built from scratch."})
+    dropout: float = field(default=0.1, metadata={"help": "Dropout of a model built from scratch."})
+
+    def __post_init__(self):
+        for name in ("vocab_size", "num_layers", "hidden_size", "num_heads", "intermediate_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"--num_heads {self.num_heads} must divide --hidden_size {self.hidden_size}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+
+
+def load_tokenizer(args: TextModelArguments):
+    """The named tokenizer (or the model's), or None when one must be trained."""
+    name = args.tokenizer_name or args.model_name_or_path
+    if name is None:
+        return None
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    if tokenizer.pad_token is None:
+        # GPT-2 style tokenizers have no pad token; padded positions are masked out anyway.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def build_text_model(args: TextModelArguments, tokenizer, task: str, max_length: int,
+                     label_names: Sequence[str] | None = None) -> PreTrainedModel:
+    """A text-classification (BERT) or causal-LM (GPT-2) model for ``tokenizer``'s vocabulary."""
+    labels = {}
+    if task == "text-classification":
+        names = list(label_names or [])
+        labels = {"num_labels": len(names), "id2label": dict(enumerate(names)),
+                  "label2id": {name: i for i, name in enumerate(names)}}
+    if args.model_name_or_path is not None:
+        if task == "causal-lm":
+            model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
+        else:
+            model = AutoModelForSequenceClassification.from_pretrained(
+                args.model_name_or_path, ignore_mismatched_sizes=True, **labels
+            )
+        if model.config.pad_token_id is None:
+            model.config.pad_token_id = tokenizer.pad_token_id
+        return model
+    sizes = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                 bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    if task == "causal-lm":
+        config = GPT2Config(n_positions=max_length, n_embd=args.hidden_size, n_layer=args.num_layers,
+                            n_head=args.num_heads, n_inner=args.intermediate_size, resid_pdrop=args.dropout,
+                            embd_pdrop=args.dropout, attn_pdrop=args.dropout, **sizes)
+        return GPT2LMHeadModel(config)
+    config = BertConfig(hidden_size=args.hidden_size, num_hidden_layers=args.num_layers,
+                        num_attention_heads=args.num_heads, intermediate_size=args.intermediate_size,
+                        max_position_embeddings=max_length, hidden_dropout_prob=args.dropout,
+                        attention_probs_dropout_prob=args.dropout, **sizes, **labels)
+    return BertForSequenceClassification(config)
+

@@ -1,0 +1,128 @@
+"""Text data: column detection, label ids, the offline tokenizer, and scripts/train_text.py end to end."""
+
+import csv
+import json
+import os
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from huggingface_hub import ModelCard
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+from hf_selective_backprop.data.text import TextDataArguments, class_names, load_text_data, train_wordpiece_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+SST2 = ROOT.parent / "shared" / "data" / "sst2"
+if not SST2.is_dir():
+    SST2 = Path("/work/shared/data/sst2")
+
+POSITIVE = ["a fine and moving film", "great acting", "superb , warm and funny", "i loved every minute"]
+NEGATIVE = ["dull and poor", "an awful mess", "bad acting , worse plot", "i was bored"]
+
+
+def write_split(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+@pytest.fixture
+def review_folder(tmp_path):
+    """A local dataset in the Hub layout: a 'review' column and string labels."""
+    folder = tmp_path / "reviews"
+    folder.mkdir()
+    rows = [{"id": i, "review": text, "sentiment": label}
+            for i, (text, label) in enumerate([(t, "pos") for t in POSITIVE] + [(t, "neg") for t in NEGATIVE])]
+    write_split(folder / "train.csv", rows * 12)
+    write_split(folder / "validation.csv", rows)
+    return folder
+
+
+def test_columns_are_found_and_string_labels_numbered(review_folder):
+    data = load_text_data(TextDataArguments(dataset=str(review_folder), label_column="sentiment"))
+    assert data.text_column == "review" and data.label_column == "sentiment"
+    assert data.label_names == ["neg", "pos"]
+    assert data.dataset_id == "reviews"
+    assert data.train[0]["sentiment"] == 1 and data.eval[4]["sentiment"] == 0
+    assert len(data.train) == 96 and len(data.eval) == 8
+
+
+def test_missing_columns_and_splits_name_the_flag(review_folder):
+    with pytest.raises(ValueError, match="cannot tell which column holds the label among id, review, sentiment: "
+                                         "pass --label_column"):
+        load_text_data(TextDataArguments(dataset=str(review_folder)))
+    with pytest.raises(ValueError, match="--text_column 'body' is not a column of the dataset; it has id, review"):
+        load_text_data(TextDataArguments(dataset=str(review_folder), text_column="body", label_column="sentiment"))
+    with pytest.raises(ValueError, match="--eval_split 'test' is not a split of this dataset; it has train, "):
+        load_text_data(TextDataArguments(dataset=str(review_folder), label_column="sentiment", eval_split="test"))
+    with pytest.raises(ValueError, match=r"--label_column 'y' holds float64 values \[0.5, 1.0\]: .*needs class labels"):
+        class_names(Dataset.from_dict({"y": [0.5, 1.0]}), "y")
+    with pytest.raises(ValueError, match=r"'y' holds int64 values \[1, 2\]: text-classification needs class labels, "
+                                         "integers 0..K-1"):
+        class_names(Dataset.from_dict({"y": [1, 2]}), "y")
+    with pytest.raises(ValueError, match="--task must be one of text-classification, causal-lm"):
+        TextDataArguments(task="summarization")
+
+
+def test_trained_tokenizer_adds_cls_and_sep_and_reloads(tmp_path):
+    tokenizer = train_wordpiece_tokenizer(iter([POSITIVE + NEGATIVE]), vocab_size=80, max_length=16)
+    encoded = tokenizer(["great acting", "dull"])
+    first = encoded["input_ids"][0]
+    assert first[0] == tokenizer.cls_token_id and first[-1] == tokenizer.sep_token_id
+    assert tokenizer.pad_token_id is not None and "token_type_ids" in encoded
+    tokenizer.save_pretrained(tmp_path)
+    reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded(["great acting", "dull"])["input_ids"] == encoded["input_ids"]
+    causal = train_wordpiece_tokenizer(iter([POSITIVE]), vocab_size=60, token_type_ids=False)
+    assert "token_type_ids" not in causal("great acting")
+
+
+@pytest.mark.skipif(not SST2.is_dir(), reason=f"SST-2 is not at {SST2} (a local copy in the Hub layout)")
+def test_sst2_columns_are_detected():
+    data = load_text_data(TextDataArguments(dataset=str(SST2), max_train_samples=50, max_eval_samples=10))
+    assert (data.text_column, data.label_column, data.label_names) == ("sentence", "label", ["negative", "positive"])
+
+
+def run_script(argv: list[str]) -> None:
+    old = sys.argv
+    sys.argv = ["train_text.py", *argv]
+    try:
+        runpy.run_path(str(ROOT / "scripts" / "train_text.py"), run_name="__main__")
+    finally:
+        sys.argv = old
+
+
+COMMON = ["--vocab_size", "80", "--hidden_size", "16", "--num_heads", "2", "--num_layers", "1",
+          "--intermediate_size", "32", "--max_length", "16", "--per_device_train_batch_size", "8",
+          "--use_cpu", "--disable_tqdm", "true", "--save_strategy", "no", "--seed", "0"]
+
+
+def test_script_trains_a_classifier_with_sb_and_writes_card_stats_and_tokenizer(review_folder, tmp_path):
+    out = tmp_path / "run"
+    run_script(["--dataset", str(review_folder), "--label_column", "sentiment", "--sb_strategy", "sb",
+                "--num_train_epochs", "2", "--output_dir", str(out), *COMMON])
+    stats = json.loads((out / "sb_stats.json").read_text())
+    assert stats["selection_forwards"] == 2 * 96 and 0 < stats["backwards"] < 2 * 96
+    card = ModelCard.load(out / "README.md")
+    assert card.data.pipeline_tag == "text-classification"
+    assert "selective-backprop" in card.data.tags and "timm" not in card.data.tags
+    assert "sb_strategy" in card.text and "accuracy (validation)" in card.text
+    assert json.loads((out / "eval_results.json").read_text())["eval_accuracy"] >= 0
+    classify = pipeline("text-classification", model=str(out), device="cpu")
+    assert classify("great acting")[0]["label"] in ("neg", "pos")
+
+
+def test_script_trains_a_causal_lm_and_reports_perplexity(review_folder, tmp_path):
+    out = tmp_path / "lm"
+    run_script(["--dataset", str(review_folder), "--task", "causal-lm", "--sb_strategy", "sb", "--sb_keep", "0.5",
+                "--num_train_epochs", "1", "--output_dir", str(out), *COMMON])
+    results = json.loads((out / "eval_results.json").read_text())
+    assert results["eval_perplexity"] == pytest.approx(torch.tensor(results["eval_loss"]).exp().item(), rel=1e-5)
+    assert ModelCard.load(out / "README.md").data.pipeline_tag == "text-generation"
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.n_layer == 1 and os.path.isfile(out / "tokenizer.json")

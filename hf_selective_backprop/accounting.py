@@ -114,3 +114,19 @@ def write_stats(summary: dict, path: str) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path, "w") as handle:
         json.dump(summary, handle, indent=2, sort_keys=True)
+
+
+def full_pass_summary(global_step: int, epochs: float, num_examples: int, train_seconds: float) -> dict:
+    """The counters of a run without selection (``sb_strategy="none"``): every example read is trained."""
+    rows = round(epochs * num_examples)
+    return {
+        "strategy": "none",
+        "examples_seen": rows,
+        "examples_loaded": rows,
+        "selection_forwards": 0,
+        "training_forwards": rows,
+        "backwards": rows,
+        "optimizer_steps": global_step,
+        "kept_fraction": 1.0,
+        "train_seconds": train_seconds,
+    }

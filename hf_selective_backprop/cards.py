@@ -184,30 +184,9 @@ def write_trainer_card(
 
 
 def training_costs(trainer) -> dict:
-    """What the run cost: the trainer's ``sb_stats``, or for a run without selection
-    (``sb_strategy="none"``) the full-pass figures its state and ``train_runtime`` metric give.
-
-    Empty before training.
-    """
-    from transformers.trainer_utils import has_length
-
-    stats = getattr(trainer, "sb_stats", None)
-    if stats:
-        return dict(stats)
-    epochs = trainer.state.epoch
-    if not epochs or not has_length(trainer.train_dataset):
-        return {}
-    rows = round(epochs * len(trainer.train_dataset))
-    return {
-        "strategy": "none",
-        "examples_seen": rows,
-        "selection_forwards": 0,
-        "training_forwards": rows,
-        "backwards": rows,
-        "optimizer_steps": trainer.state.global_step,
-        "kept_fraction": 1.0,
-        "train_seconds": _last_logged(trainer, "train_runtime"),
-    }
+    """What the run cost: the trainer's ``sb_stats`` (a run without selection reports its full-pass
+    counters too). Empty before training."""
+    return dict(getattr(trainer, "sb_stats", None) or {})
 
 
 def hub_dataset_id(source: str | os.PathLike | None) -> str | None:

@@ -18,7 +18,7 @@ from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
 from . import distributed
-from .accounting import STATS_FILE, run_summary, write_stats
+from .accounting import STATS_FILE, full_pass_summary, run_summary, write_stats
 from .checkpoints import require_complete_checkpoint
 from .config import SelectiveBackpropConfig
 from .engine import SelectionEngine, checkpointing
@@ -275,6 +275,11 @@ class SelectiveBackpropTrainer(Trainer):
         if self.selector is not None:
             self.sb_stats = {**self.selection_summary(), "strategy": self.args.sb_strategy}
             self.sb_stats["expected_steps"] = self._expected_steps
+        elif has_length(self.train_dataset):  # Traditional reports the same counters, for comparisons
+            state, runtime = self.state, output.metrics["train_runtime"]
+            self.sb_stats = full_pass_summary(state.global_step, state.epoch or 0.0, len(self.train_dataset), runtime)
+        if getattr(self, "sb_stats", None) is not None:
+            output.metrics.update({f"sb/{k}": v for k, v in self.sb_stats.items()})
             if self.args.should_save:
                 write_stats(self.sb_stats, os.path.join(self.args.output_dir, STATS_FILE))
         return output

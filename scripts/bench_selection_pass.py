@@ -279,12 +279,8 @@ def run_training(args: BenchArguments, dataset, initial_state: dict, model, run:
     trainer = SelectiveBackpropTrainer(model=model, args=config, train_dataset=dataset, callbacks=[timer])
     trainer.train()
     seconds = timer.end - timer.start
-    if trainer.selector is None:
-        seen = trained = len(dataset) * run["epochs"]
-        stats = {}
-    else:
-        stats = trainer.sb_stats
-        seen, trained = stats["examples_seen"], stats["backwards"]
+    stats = trainer.sb_stats
+    seen, trained = stats["examples_seen"], stats["backwards"]
     return {"seconds": seconds, "examples": seen, "trained": trained, "per_second": seen / seconds, "stats": stats}
 
 

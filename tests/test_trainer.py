@@ -204,3 +204,13 @@ def test_resume_reaches_the_same_weights(tmp_path):
     assert torch.equal(weights(resumed.model), weights(full.model))
     assert resumed.sb_stats["examples_seen"] == full.sb_stats["examples_seen"]
 
+
+
+def test_traditional_reports_the_same_counters(output_dir):
+    trainer = train(output_dir, trainer_cls=SelectiveBackpropTrainer, sb_strategy="none")
+    stats = trainer.sb_stats
+    assert stats["strategy"] == "none" and stats["selection_forwards"] == 0
+    assert stats["examples_seen"] == stats["backwards"] == 2 * 256
+    assert stats["optimizer_steps"] == trainer.state.global_step == 2 * 256 // 8
+    with open(os.path.join(output_dir, "sb_stats.json")) as handle:
+        assert json.load(handle)["backwards"] == 512

@@ -282,23 +282,12 @@ def run_strategy(
     if not trainer.evals or trainer.evals[-1]["epoch"] < float(trainer.state.epoch or 0.0) - 1e-6:
         trainer.evaluate()
     train_wall, train_cpu = trainer.evals[-1]["train_wall_seconds"], trainer.evals[-1]["train_cpu_seconds"]
-    stats = dict(getattr(trainer, "sb_stats", None) or {})
+    stats = dict(trainer.sb_stats)
+    if stats["strategy"] == "none":  # the data time the trainer's own counters keep for selective runs
+        stats.update(data_seconds=trainer.timings["batch_seconds"], selection_forward_seconds=0.0,
+                     selection_overhead_seconds=0.0)
     rows = len(data.train)
     epochs = float(trainer.state.epoch or 0.0)
-    if not stats:  # Traditional: every example read is trained, no selection pass.
-        seen = round(epochs * rows)
-        stats = {
-            "strategy": "none",
-            "examples_seen": seen,
-            "selection_forwards": 0,
-            "training_forwards": seen,
-            "backwards": seen,
-            "optimizer_steps": int(trainer.state.global_step),
-            "kept_fraction": 1.0,
-            "data_seconds": trainer.timings["batch_seconds"],
-            "selection_forward_seconds": 0.0,
-            "selection_overhead_seconds": 0.0,
-        }
     shutil.rmtree(run_dir, ignore_errors=True)
     return {
         "version": LOG_VERSION,

@@ -21,8 +21,9 @@ from . import distributed
 from .accounting import STATS_FILE, full_pass_summary, run_summary, write_stats
 from .checkpoints import require_complete_checkpoint
 from .config import SelectiveBackpropConfig
-from .engine import SelectionEngine, checkpointing
+from .engine import SelectionEngine, checkpointing, run_record
 from .engine.callback import SelectionFlowCallback
+from .engine.data_state import DataState
 from .engine.engine import WEIGHT_KEY
 from .engine.epoch_plan import PlannedSampler
 from .indexing import ids_by_position, with_index_column
@@ -104,10 +105,22 @@ class SelectiveBackpropTrainer(Trainer):
             raise ValueError("the training dataset is empty")
         # The loader yields selection batches; training batches are assembled from them.
         self._planned_sampler = None
-        loader = self._get_dataloader(
-            self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler, is_training=True
+        args = self.args
+        data_state = DataState.for_training(
+            self.train_dataset, self.data_collator, args.dataloader_num_workers,
+            self.accelerator.dataloader_config.dispatch_batches,
         )
-        self.engine.attach(loader, self._planned_sampler)
+        collator = self.data_collator
+        # Wrapped for the training loader only: evaluation batches are not read by the engine.
+        self.data_collator = data_state.wrap(collator)
+        try:
+            loader = self._get_dataloader(
+                self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler, is_training=True
+            )
+        finally:
+            self.data_collator = collator
+        run = run_record.describe(args, self.train_dataset)
+        self.engine.attach(loader, self._planned_sampler, data_state, run)
         return loader
 
     def _get_train_sampler(self, train_dataset=None):
@@ -268,6 +281,8 @@ class SelectiveBackpropTrainer(Trainer):
         super().log(logs, start_time)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        if self.selector is None and resume_from_checkpoint:
+            run_record.check_without_selection(resume_from_checkpoint, self.args.output_dir)
         if self.selector is not None and resume_from_checkpoint is True:
             # transformers picks the highest checkpoint-N folder, even one a killed run left half written.
             resume_from_checkpoint = require_complete_checkpoint(self.args.output_dir)

@@ -12,6 +12,9 @@ Loss modes (``--loss``), all through ``per_example_loss_func``:
 - ``id``: labels encode the example id (``label = id * CLASSES + class``) and the per-example
   loss is a known function of the id, ``id_loss(id)``: a stored loss can be checked against
   the example it is stored for.
+
+``--augment`` collates batches through `AugmentingCollator`, which draws random crops and flips
+from a generator of its own on each rank (a resumed run must restore it to continue exactly).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import user_strategy  # noqa: E402,F401  (registers --sb_strategy easiest, defined outside the package)
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer  # noqa: E402
+from hf_selective_backprop.data import BatchTransform  # noqa: E402
 from hf_selective_backprop.engine import SelectionEngine  # noqa: E402
 from hf_selective_backprop.trainer import WEIGHT_KEY  # noqa: E402
 
@@ -71,6 +75,25 @@ def make_dataset(n: int, encode_ids: bool) -> Dataset:
     if encode_ids:
         labels = torch.arange(n) * CLASSES + labels
     return Dataset.from_dict({"x": x.tolist(), "labels": labels.tolist()}).with_format("torch")
+
+
+class AugmentingCollator:
+    """Stacks rows and augments ``x`` seen as a one-channel 2 x 4 uint8 image (random crop and flip)."""
+
+    def __init__(self, seed: int):
+        self.transform = BatchTransform((0.5,), (0.25,), augment=True, crop_padding=1, hflip=True, seed=seed)
+
+    def __call__(self, rows):
+        batch = {key: torch.stack([row[key] for row in rows]) for key in rows[0]}
+        pixels = ((batch["x"].clamp(-4, 4) + 4) * 31).to(torch.uint8).reshape(-1, 1, 2, 4)
+        batch["x"] = self.transform(pixels).flatten(1)
+        return batch
+
+    def state_dict(self):
+        return self.transform.state_dict()
+
+    def load_state_dict(self, state):
+        self.transform.load_state_dict(state)
 
 
 def make_loss_func(mode: str, rank: int):
@@ -157,6 +180,7 @@ def main() -> None:
     parser.add_argument("--staleness", type=int, default=1)
     parser.add_argument("--save-steps", type=int, default=0)
     parser.add_argument("--resume", default=None)
+    parser.add_argument("--augment", action="store_true")
     args = parser.parse_args()
 
     rank = int(os.environ.get("RANK", "0"))
@@ -184,10 +208,12 @@ def main() -> None:
     torch.manual_seed(0)
     model = TinyMLP()
     dataset = make_dataset(args.examples, encode_ids=args.loss == "id")
+    collator = AugmentingCollator(seed=rank) if args.augment else None
     trainer = RecordingTrainer(
         model=model,
         args=config,
         train_dataset=dataset,
+        data_collator=collator,
         per_example_loss_func=make_loss_func(args.loss, rank),
     )
     with warnings.catch_warnings(record=True) as caught:
@@ -214,6 +240,7 @@ def main() -> None:
         "selection_batches_per_epoch": trainer._plan.selection_batches_per_epoch,
         "rows_per_epoch": trainer._plan.rows_per_epoch,
         "warnings": [str(w.message) for w in caught],
+        "augmentation": collator.transform.generator.get_state() if collator else None,
     }
     result["weighted_loss"] = weighted_loss_check(trainer, dataset, rank)  # after the store is copied
     os.makedirs(args.out, exist_ok=True)

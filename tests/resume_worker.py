@@ -24,13 +24,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import torch  # noqa: E402
-from tiny import TinyClassifier, make_config, make_dataset  # noqa: E402
+from tiny import TinyConv, make_config, make_image_dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from hf_selective_backprop import SelectiveBackpropTrainer  # noqa: E402
 
 # Stale-SB (a scoring epoch, then stale ones) with a selection batch that differs from the
-# training batch and gradient accumulation: a kill can land anywhere in the state machine.
+# training batch and gradient accumulation, on augmented images (the augmentation generator is
+# part of the saved state): a kill can land anywhere in the state machine.
 SETTINGS = dict(
     sb_strategy="sb",
     sb_beta=1.0,
@@ -61,6 +62,7 @@ def final_state(trainer: SelectiveBackpropTrainer) -> dict:
         "store": trainer.engine.store.state_dict(),
         "queue": trainer.engine.queue.state_dict(),
         "generator": trainer.engine.generator.get_state(),
+        "augmentation": trainer.train_dataset.transform.generator.get_state(),
         "stats": trainer.sb_stats,
     }
 
@@ -76,9 +78,9 @@ def main() -> None:
         return
     torch.set_num_threads(1)
     trainer = SelectiveBackpropTrainer(
-        model=TinyClassifier(),
+        model=TinyConv(),
         args=make_config(options.output_dir, **SETTINGS),
-        train_dataset=make_dataset(DATASET_SIZE),
+        train_dataset=make_image_dataset(DATASET_SIZE),
     )
     if options.step_sleep:
         trainer.add_callback(_Sleep(options.step_sleep))

@@ -34,10 +34,11 @@ pytestmark = pytest.mark.slow
 # (smaller than the 512 losses of the run, so the ring buffer wraps).
 UNEVEN = ["--loss", "uneven", "--keep", "0.5", "--batch", "4", "--grad-accum", "2", "--history", "300"]
 UNEVEN_EPOCHS = 2
-# Stale-SB (n = 2) with losses that are a known function of the id, local history scope and a
-# checkpoint every 7 steps (step 7 falls mid-way through the stale epoch 1).
+# Stale-SB (n = 2) with losses that are a known function of the id, local history scope, a
+# checkpoint every 7 steps (step 7 falls mid-way through the stale epoch 1) and augmentation drawn
+# by each rank's collator.
 STALE = ["--loss", "id", "--staleness", "2", "--scope", "local", "--epochs", "4", "--batch", "4",
-         "--grad-accum", "2", "--save-steps", "7"]  # fmt: skip
+         "--grad-accum", "2", "--save-steps", "7", "--augment"]  # fmt: skip
 STALE_EPOCHS = 4
 CHECKPOINT_STEP = 7
 
@@ -233,9 +234,13 @@ def test_resume_in_two_processes_continues_exactly(stale, tmp_path):
     shared = torch.load(_checkpoint(out) / "sb_state.pt", weights_only=False)
     for a, b in zip(finished, resumed, strict=True):
         assert b["restored"]["epoch"] == shared["epoch"] and b["restored"]["skip"] == shared["consumed"]
-        assert not any("was saved by" in w for w in b["warnings"])
+        # Same processes, settings and data: nothing to warn about.
+        ours = ("was saved by", "random state", "Resuming from", "does not record")
+        assert not any(text in w for w in b["warnings"] for text in ours), b["warnings"]
         assert a["global_step"] == b["global_step"]
         assert _same_weights(a["weights"], b["weights"])
+        assert not torch.equal(a["augmentation"], finished[1 - a["rank"]]["augmentation"])  # each rank its own
+        assert torch.equal(a["augmentation"], b["augmentation"])
         assert torch.equal(a["history"], b["history"])  # per-rank (local) history restored per rank
         assert _same_nan(a["store"]["losses"], b["store"]["losses"])
         assert torch.equal(a["store"]["epochs"], b["store"]["epochs"])

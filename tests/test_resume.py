@@ -3,8 +3,8 @@
 In-process: one reference run saves a checkpoint after every optimizer step; new trainers resume
 from chosen checkpoints (mid-epoch, with a partial step queued, inside a Stale-SB epoch, at an
 epoch boundary) and must end with the reference's weights, step count, loss history, loss store,
-queue, generator and counters. Out of process: a run killed with SIGKILL is resumed from its last
-complete checkpoint and must end where an uninterrupted run ends.
+queue, generator and counters. Out of process: an augmented run killed with SIGKILL is resumed from
+its last complete checkpoint and must end where an uninterrupted run ends.
 """
 
 from __future__ import annotations
@@ -291,4 +291,5 @@ def test_sigkill_then_resume_reaches_the_uninterrupted_run(tmp_path):
     for key, rows in theirs["queue"]["rows"].items():
         assert torch.equal(ours["queue"]["rows"][key], rows), key
     assert torch.equal(ours["generator"], theirs["generator"])
+    assert torch.equal(ours["augmentation"], theirs["augmentation"])
     assert {k: ours["stats"][k] for k in COUNTERS} == {k: theirs["stats"][k] for k in COUNTERS}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from dataclasses import dataclass
 
@@ -63,6 +64,25 @@ class ImageTensorDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, position: int) -> dict:
         return self.__getitems__([position])[0]
+
+    # A checkpoint of SelectiveBackpropTrainer saves and restores this state (the augmentation generator).
+    def state_dict(self) -> dict:
+        return {"transform": self.transform.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.transform.load_state_dict(state["transform"])
+
+    def fingerprint(self, images_hashed: int = 64) -> str:
+        """A hash of the data as stored (not augmented): every label and id, and evenly spaced images.
+
+        A checkpoint records it, so resuming on other data is refused instead of mixing two datasets.
+        """
+        digest = hashlib.sha256(repr(tuple(self.images.shape)).encode())
+        positions = torch.linspace(0, len(self.images) - 1, min(len(self.images), images_hashed)).long()
+        for tensor in (self.labels, self.index, self.images[positions]):
+            if tensor is not None:
+                digest.update(tensor.contiguous().numpy().tobytes())
+        return digest.hexdigest()
 
 
 @dataclass

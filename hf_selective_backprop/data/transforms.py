@@ -53,6 +53,8 @@ class BatchTransform:
     Randomness comes from a private `torch.Generator` seeded with ``seed``, so a run is
     reproducible whatever else draws from the global RNG. In DataLoader workers each
     worker reseeds from its own torch-provided seed, so workers do not repeat each other.
+    ``state_dict()`` / ``load_state_dict()`` save and restore the generator: a checkpoint holds
+    them, so a resumed run draws the crops it would have drawn uninterrupted.
     """
 
     def __init__(
@@ -90,6 +92,12 @@ class BatchTransform:
         if self.cutout:
             images = cutout(images, self.cutout, generator)
         return images
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
 
     def _current_generator(self) -> torch.Generator:
         worker = get_worker_info()

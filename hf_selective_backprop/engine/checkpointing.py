@@ -1,7 +1,9 @@
 """Saving an engine's state into a Trainer checkpoint and restoring it, on the same or another world size.
 
-``sb_state.pt`` holds what every process shares (strategy, store, epoch plan and position), written
-once; ``sb_rank_state_{rank}.pt`` what each process owns (generator, queue, counters, strategy).
+``sb_state.pt`` holds what every process shares (strategy, store, epoch plan and position, and the
+run's record: its selection settings and data, checked on resume), written once;
+``sb_rank_state_{rank}.pt`` what each process owns (generator, queue, counters, strategy, and the
+random state of its data pipeline).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import torch
 
 from ..accounting import COUNTERS, TIMERS
 from ..checkpoints import RANK_STATE_FILE, STATE_FILE, atomic_save
+from . import run_record
 from .engine import SelectionEngine
 from .epoch_plan import EpochPlan
 
@@ -31,6 +34,7 @@ def save(engine: SelectionEngine, folder: str, should_save: bool) -> None:
             "epoch_started": engine.epoch_started,
             "plan": None if engine.plan is None else engine.plan.state_dict(),
             "world_size": engine.accelerator.num_processes,
+            "run": engine.run,
         }
         atomic_save(shared, os.path.join(folder, STATE_FILE))
     atomic_save(
@@ -40,6 +44,7 @@ def save(engine: SelectionEngine, folder: str, should_save: bool) -> None:
             "stats": engine.stats.state_dict(),
             # Per rank too: a 'local' history scope (or kath18's running tau) differs between ranks.
             "selector": engine.selector.state_dict(),
+            "data": engine.data_state.state_dict(),
         },
         os.path.join(folder, RANK_STATE_FILE.format(rank=rank)),
     )
@@ -55,6 +60,8 @@ def load(engine: SelectionEngine, checkpoint: str, ignore_data_skip: bool = Fals
             "Resume it with transformers.Trainer, or start a new run from its weights."
         )
     shared = torch.load(path, weights_only=True)
+    # Before anything is restored: a checkpoint of other settings or data fails here, not mid-restore.
+    run_record.check(shared.get("run"), engine.run, checkpoint)
     engine.selector.load_state_dict(shared["selector"])
     engine.store.load_state_dict(shared["store"])
     engine.epoch = shared["epoch"]
@@ -82,6 +89,7 @@ def _restore_rank(engine: SelectionEngine, state: dict) -> None:
     _push_saved_queue(engine, state["queue"])
     engine.stats.load_state_dict(state["stats"])
     engine.selector.load_state_dict(state["selector"])
+    engine.data_state.load_state_dict(state.get("data"))
 
 
 def _push_saved_queue(engine: SelectionEngine, state: dict) -> None:
@@ -94,7 +102,7 @@ def _adopt_rank_states(engine: SelectionEngine, checkpoint: str, old_world: int)
 
     The read rows of the epoch's order are skipped whatever the world size (the sampler skips
     rows, not per-rank batches). Old rank r's queued rows and counters go to new rank
-    ``r % world``; new rank r continues old rank r's generator and strategy state.
+    ``r % world``; new rank r continues old rank r's generator, strategy and data pipeline state.
     """
     world, rank = engine.accelerator.num_processes, engine.args.process_index
     adopted = []
@@ -108,6 +116,7 @@ def _adopt_rank_states(engine: SelectionEngine, checkpoint: str, old_world: int)
         if old_rank == rank:
             engine.generator.set_state(state["generator"])
             engine.selector.load_state_dict(state["selector"])
+            engine.data_state.load_state_dict(state.get("data"))
     if adopted:
         merged = {name: 0 for name in COUNTERS}
         for _, state in adopted:

@@ -27,6 +27,7 @@ from ..schedule import in_selection_window, is_interrupt_step
 from ..scoring import SelectionScorer
 from ..selectors import Selector
 from ..store import LossStore
+from .data_state import DataState
 from .epoch_plan import EpochPlan, PlannedSampler, stale_plan
 
 WEIGHT_KEY = "sb_weight"
@@ -59,6 +60,8 @@ class SelectionEngine:
         self.generator = torch.Generator().manual_seed(args.seed + 1_000_003 * args.process_index)
         self.sampler: PlannedSampler | None = None
         self.dataloader = None
+        self.data_state = DataState({})
+        self.run: dict | None = None  # what the run is (run_record.describe): saved with checkpoints
         self.plan: EpochPlan | None = None
         self.epoch = 0
         self.consumed = 0  # selection batches of the epoch read by this process (skipped ones included)
@@ -66,6 +69,7 @@ class SelectionEngine:
         self.resumed_position: tuple[int, EpochPlan | None, int] | None = None  # epoch, plan, rows to skip
         self.epoch_started = False  # begin_epoch ran for self.epoch (its plan, if any, is made)
         self.unread_skips = 0
+        self.loader_seeded_before_checkpoint = False  # see read()
         self.epoch_based = True  # set by the trainer: epoch-based runs end with their data, others by steps
         self.steps_in_epoch = 0
         self.epoch_without_step = False
@@ -83,9 +87,10 @@ class SelectionEngine:
     def plans_before_loading(self) -> bool:
         return self.args.sb_staleness > 1 or type(self.selector).plan_epoch is not Selector.plan_epoch
 
-    def attach(self, dataloader, sampler: PlannedSampler | None) -> None:
-        """The training loader (its length per epoch) and its sampler (the plan it follows)."""
-        self.dataloader, self.sampler = dataloader, sampler
+    def attach(self, dataloader, sampler: PlannedSampler | None, data_state: DataState, run: dict) -> None:
+        """The training loader (its length per epoch), its sampler (the plan it follows), the random state of
+        its dataset and collator, and the run's record."""
+        self.dataloader, self.sampler, self.data_state, self.run = dataloader, sampler, data_state, run
         ids = sampler.ids_by_position if sampler is not None else None
         if self.records_training_losses and ids is not None and len(ids) and len(self.store) == 0:
             # Sized once for the largest id: grown batch by batch it would be reallocated each time a
@@ -113,6 +118,7 @@ class SelectionEngine:
         skip_rows = 0
         if self.resumed_position is not None and self.resumed_position[0] == epoch:
             _, self.plan, skip_rows = self.resumed_position
+            self.loader_seeded_before_checkpoint = skip_rows > 0
         elif self.sampler is None or self.sampler.ids_by_position is None:
             self.plan = None
         elif not self._whole_epoch_selects(epoch, num_epochs, epoch_based):
@@ -239,11 +245,21 @@ class SelectionEngine:
 
     def read(self, epoch_iterator) -> dict | None:
         """The next selection batch, or None at the end of the epoch."""
+        if self.loader_seeded_before_checkpoint:
+            self.loader_seeded_before_checkpoint = False
+            # The epoch's first read starts the DataLoader's iterator, which draws a base seed from the
+            # global RNG. The uninterrupted run drew it before the checkpoint's RNG state was saved;
+            # drawn again, it would shift every later draw (dropout) of the resumed run.
+            with torch.random.fork_rng(devices=[]):
+                return self._read(epoch_iterator)
+        return self._read(epoch_iterator)
+
+    def _read(self, epoch_iterator) -> dict | None:
         with self.stats.timer("data_seconds"):
             for _ in range(self.unread_skips):
-                next(epoch_iterator, None)
+                self.data_state.next(epoch_iterator)
             self.unread_skips = 0
-            return next(epoch_iterator, None)
+            return self.data_state.next(epoch_iterator)
 
     def add_batch(self, batch: dict, selecting: bool, model: torch.nn.Module) -> None:
         """Queue a loaded selection batch's rows to train: all, the planned ones, or those selected."""

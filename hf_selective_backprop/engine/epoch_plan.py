@@ -112,7 +112,8 @@ class PlannedSampler(Sampler[int]):
             rows = len(self.base)
         else:
             rows = int(self.plan.loads(self.ids_by_position).sum())
-        return self._padded(rows) - self.skip
+        # A checkpoint taken after an epoch's last, partial batch counts it as a whole one: skip exceeds the rows.
+        return max(self._padded(rows) - self.skip, 0)
 
     def __iter__(self):
         order = torch.as_tensor(list(self.base), dtype=torch.long)

@@ -1,0 +1,146 @@
+"""What a run is, recorded in each checkpoint and compared when a run resumes from it.
+
+The selection settings (every ``sb_*`` flag but those that only change how fast selection runs),
+the seeds (each epoch's order and its decisions made before loading are drawn from them) and the
+training data (its size and a fingerprint) must match: the saved loss history, store, queue and
+position in the epoch belong to them, so a resume with others is refused before any step. Other
+training settings may change; one warning lists them. Another number of processes is handled,
+with its own warning, in `checkpointing`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import os
+import warnings
+
+import torch
+from datasets import Dataset as HFDataset
+from torch.utils.data import IterableDataset
+from transformers.trainer_utils import get_last_checkpoint
+
+from ..checkpoints import STATE_FILE
+from ..indexing import IndexedDataset
+
+#: ``sb_*`` flags that decide nothing: the size of a selection forward (a resumed epoch skips rows,
+#: not batches) and how it runs.
+SPEED_ONLY = ("sb_selection_batch_size", "sb_selection_inference_mode", "sb_selection_channels_last")
+SEEDS = ("seed", "data_seed")
+#: Settings a resumed run may change.
+TRAINING = (
+    "per_device_train_batch_size", "gradient_accumulation_steps", *SPEED_ONLY, "learning_rate", "weight_decay",
+    "num_train_epochs", "max_steps", "logging_strategy", "logging_steps", "eval_strategy", "eval_steps",
+    "save_strategy", "save_steps", "save_total_limit", "dataloader_num_workers",
+)  # fmt: skip
+#: Changes that do not take effect, and why.
+KEPT_FROM_CHECKPOINT = {
+    "learning_rate": "the optimizer and learning-rate scheduler restored from the checkpoint keep the saved one",
+    "weight_decay": "the optimizer restored from the checkpoint keeps the saved one",
+}
+#: Rows of a `datasets.Dataset` hashed into its fingerprint, evenly spaced.
+ROWS_HASHED = 64
+
+
+def describe(args, dataset) -> dict:
+    """The record a checkpoint keeps of the run: ``args`` a `SelectiveBackpropConfig`, ``dataset`` the training data."""
+    selection = [f.name for f in dataclasses.fields(args) if f.name.startswith("sb_") and f.name not in SPEED_ONLY]
+    return {
+        "selection": {name: _plain(getattr(args, name)) for name in [*selection, *SEEDS]},
+        "training": {name: _plain(getattr(args, name)) for name in TRAINING},
+        "dataset": dataset_fingerprint(dataset),
+    }
+
+
+def _plain(value):
+    # Only plain values: checkpoints are read with torch.load(weights_only=True).
+    if isinstance(value, enum.Enum):
+        value = value.value
+    return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
+
+
+def dataset_fingerprint(dataset) -> dict:
+    """``size`` and ``hash`` of the training data; None where they cannot be known (a stream).
+
+    A `datasets.Dataset` hashes its stored values at `ROWS_HASHED` evenly spaced rows (ids included);
+    a torch dataset with a ``fingerprint()`` method gives its own (`ImageTensorDataset`); any other
+    is compared by size only, since reading its rows may augment them at random.
+    """
+    if isinstance(dataset, IterableDataset):
+        return {"size": None, "hash": None}
+    inner = dataset.dataset if isinstance(dataset, IndexedDataset) else dataset
+    digest = None
+    if isinstance(inner, HFDataset):
+        positions = torch.linspace(0, len(inner) - 1, min(len(inner), ROWS_HASHED)).long().tolist()
+        rows = inner.with_format("arrow")[positions]  # as stored: no formatting or transform applied
+        digest = hashlib.sha256(repr(rows.to_pydict()).encode()).hexdigest()
+    elif callable(getattr(inner, "fingerprint", None)):
+        digest = inner.fingerprint()
+    return {"size": len(dataset), "hash": digest}
+
+
+def check(saved: dict | None, current: dict, checkpoint: str) -> None:
+    """Refuse what cannot continue the saved run (ValueError); warn once about settings that changed."""
+    if saved is None:
+        warnings.warn(
+            f"{checkpoint} does not record the settings and data of the run that saved it (an earlier version "
+            "wrote it), so they cannot be checked against this run's: resume with the same ones.",
+            stacklevel=3,
+        )
+        return
+    wrong = [
+        f"--{name}: saved {saved['selection'][name]!r}, now {value!r}"
+        for name, value in current["selection"].items()
+        if name in saved["selection"] and saved["selection"][name] != value
+    ]
+    data = _data_difference(saved["dataset"], current["dataset"])
+    if data:
+        wrong.append(data)
+    if wrong:
+        _refuse(checkpoint, wrong)
+    changed = []
+    for name, value in current["training"].items():
+        if name in saved["training"] and saved["training"][name] != value:
+            note = f" (no effect: {KEPT_FROM_CHECKPOINT[name]})" if name in KEPT_FROM_CHECKPOINT else ""
+            changed.append(f"{name}: saved {saved['training'][name]!r}, now {value!r}{note}")
+    if changed:
+        warnings.warn(
+            f"Resuming from {checkpoint} with training settings that differ from the saved run's: "
+            + "; ".join(changed)
+            + ". The run continues with the new values from here on.",
+            stacklevel=3,
+        )
+
+
+def check_without_selection(checkpoint: str | bool, output_dir: str) -> None:
+    """Refuse to continue a selective run's checkpoint with ``--sb_strategy none``: the plain Trainer would
+    skip batches by its step count, not the rows selection read. ``True`` is the Trainer's last checkpoint."""
+    if checkpoint is True:
+        checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    path = os.path.join(checkpoint, STATE_FILE) if checkpoint else ""
+    if os.path.isfile(path):
+        saved = torch.load(path, weights_only=True).get("run")
+        strategy = repr(saved["selection"]["sb_strategy"]) if saved else "a selective strategy"
+        _refuse(checkpoint, [f"--sb_strategy: saved {strategy}, now 'none'"])
+
+
+def _refuse(checkpoint: str, differences: list[str]) -> None:
+    raise ValueError(
+        f"Cannot resume from {checkpoint}: this run differs from the saved one in what selection depends on:\n  "
+        + "\n  ".join(differences)
+        + "\nThe saved loss history, loss store, queued rows and position in the epoch belong to the saved "
+        "settings and data. Resume with the saved values, or start a new run from the checkpoint's weights "
+        f"(load the model from {checkpoint}, e.g. with from_pretrained, and train without resume_from_checkpoint)."
+    )
+
+
+def _data_difference(saved: dict, current: dict) -> str | None:
+    if None not in (saved["size"], current["size"]) and saved["size"] != current["size"]:
+        return f"training dataset: saved {saved['size']} examples, now {current['size']}"
+    if None not in (saved["hash"], current["hash"]) and saved["hash"] != current["hash"]:
+        return (
+            f"training dataset: saved data with fingerprint {saved['hash'][:12]}, now {current['hash'][:12]} "
+            f"(the same size, {current['size']} examples, but other examples)"
+        )
+    return None

@@ -28,16 +28,23 @@ def with_index_column(dataset, column: str):
     column_names = getattr(dataset, "column_names", None)
     if column_names is not None:
         return dataset if column in column_names else dataset.add_column(column, list(range(len(dataset))))
+    if _own_ids(dataset) is not None:
+        return dataset
     if len(dataset) and isinstance(dataset[0], dict) and column in dataset[0]:
         return dataset
     return IndexedDataset(dataset, column)
 
 
+def _own_ids(dataset) -> torch.Tensor | None:
+    """Ids a dataset can give without loading rows (its ``example_ids()``), if it has that method."""
+    return dataset.example_ids() if hasattr(dataset, "example_ids") else None
+
+
 def ids_by_position(dataset, column: str) -> torch.Tensor | None:
     """The id of each row, in row order (None for a stream), checked to be unique non-negative integers.
 
-    A `datasets.Dataset` is read from its Arrow column; a torch dataset that carries its own ids
-    is read row by row, once.
+    A `datasets.Dataset` is read from its Arrow column; a torch dataset from its ``example_ids()``
+    if it has one (they must be the values of ``column``), else row by row, once.
     """
     if isinstance(dataset, IterableDataset):
         return None
@@ -45,6 +52,8 @@ def ids_by_position(dataset, column: str) -> torch.Tensor | None:
         return torch.arange(len(dataset))
     if isinstance(dataset, HFDataset):
         ids = _column_values(dataset, column)
+    elif _own_ids(dataset) is not None:
+        ids = _own_ids(dataset).numpy()
     else:
         ids = numpy.asarray([int(dataset[position][column]) for position in range(len(dataset))])
     if ids.ndim != 1 or ids.dtype.kind not in "iu" or (ids.size and ids.min() < 0):

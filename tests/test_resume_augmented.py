@@ -228,7 +228,8 @@ def test_a_checkpoint_without_data_state_or_run_record_warns_and_continues(refer
     messages = [str(w.message) for w in caught]
     assert any("does not record the settings and data of the run that saved it" in m for m in messages)
     assert any("holds no random state of the training dataset (augmentation)" in m for m in messages)
-    assert trainer.state.global_step == reference.state.global_step
+    # It continues to the end of the run; without the augmentation state its steps may differ.
+    assert trainer.state.epoch == reference.state.epoch
 
 
 def test_with_dataloader_workers_a_resume_says_the_augmentation_state_is_not_restored(references, tmp_path):

@@ -65,6 +65,10 @@ class ImageTensorDataset(torch.utils.data.Dataset):
     def __getitem__(self, position: int) -> dict:
         return self.__getitems__([position])[0]
 
+    def example_ids(self) -> torch.Tensor | None:
+        """The id of every row, without loading (and augmenting) any: what selection keys examples by."""
+        return self.index
+
     # A checkpoint of SelectiveBackpropTrainer saves and restores this state (the augmentation generator).
     def state_dict(self) -> dict:
         return {"transform": self.transform.state_dict()}

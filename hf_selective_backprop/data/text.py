@@ -112,33 +112,26 @@ def _check_column(dataset: datasets.Dataset, column: str, flag: str) -> None:
 
 
 def find_text_column(dataset: datasets.Dataset, given: str | None = None) -> str:
-    if given is not None:
-        _check_column(dataset, given, "--text_column")
-        return given
-    for name in TEXT_COLUMNS:
-        if name in dataset.column_names:
-            return name
-    strings = [name for name in dataset.column_names if _dtype(dataset, name) in STRING_DTYPES]
-    if len(strings) == 1:
-        return strings[0]
-    raise ValueError(
-        f"cannot tell which column holds the text among {', '.join(dataset.column_names)}: pass --text_column"
-    )
+    return _find_column(dataset, given, "text", TEXT_COLUMNS, lambda name: _dtype(dataset, name) in STRING_DTYPES)
 
 
 def find_label_column(dataset: datasets.Dataset, given: str | None = None) -> str:
+    return _find_column(dataset, given, "label", LABEL_COLUMNS, lambda name: _is_class_label(dataset, name))
+
+
+def _find_column(dataset: datasets.Dataset, given: str | None, what: str, usual: tuple, fits) -> str:
+    """The ``--{what}_column`` given, else the first usual name present, else the only column that fits."""
+    flag = f"--{what}_column"
     if given is not None:
-        _check_column(dataset, given, "--label_column")
+        _check_column(dataset, given, flag)
         return given
-    for name in LABEL_COLUMNS:
+    for name in usual:
         if name in dataset.column_names:
             return name
-    class_labels = [name for name in dataset.column_names if _is_class_label(dataset, name)]
-    if len(class_labels) == 1:
-        return class_labels[0]
-    raise ValueError(
-        f"cannot tell which column holds the label among {', '.join(dataset.column_names)}: pass --label_column"
-    )
+    candidates = [name for name in dataset.column_names if fits(name)]
+    if len(candidates) == 1:
+        return candidates[0]
+    raise ValueError(f"cannot tell which column holds the {what} among {', '.join(dataset.column_names)}: pass {flag}")
 
 
 def _is_class_label(dataset: datasets.Dataset, column: str) -> bool:

@@ -58,22 +58,15 @@ def make_image_dataset(n: int, seed: int = 0) -> ImageTensorDataset:
     return ImageTensorDataset(pixels, labels, augmentation(seed), torch.arange(n))
 
 
-class TinyConv(nn.Module):
+class TinyConv(TinyClassifier):
     """A conv layer, dropout (it draws from the global RNG) and a linear head on (1, 8, 8) images."""
 
     def __init__(self, seed: int = 0):
-        super().__init__()
+        nn.Module.__init__(self)
         torch.manual_seed(seed)
         self.net = nn.Sequential(
             nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Dropout(0.25), nn.Linear(256, CLASSES)
         )
-
-    def forward(self, pixel_values, labels=None):
-        logits = self.net(pixel_values)
-        outputs = {"logits": logits}
-        if labels is not None:
-            outputs["loss"] = nn.functional.cross_entropy(logits, labels)
-        return outputs
 
 
 def make_config(output_dir: str, **overrides) -> SelectiveBackpropConfig:

@@ -8,14 +8,17 @@
     python scripts/benchmark.py --output_dir benchmarks/results/cifar10-paper --report_only
 
 Writes <output_dir>/<strategy>.json (per-epoch log), report.md and PNGs; a strategy whose
-JSON exists is skipped. Every flag: --help. See docs/benchmarks.md.
+JSON exists is skipped. Text classification: scripts/benchmark_text.py. Every flag: --help.
+See docs/benchmarks.md.
 """
 
 import logging
+from functools import partial
 
 from transformers import HfArgumentParser
 
 from hf_selective_backprop.benchmarks.cli import BenchmarkArguments, main
+from hf_selective_backprop.benchmarks.workloads import image_workload
 from hf_selective_backprop.data import DataArguments
 from hf_selective_backprop.models import ModelArguments
 
@@ -24,4 +27,4 @@ if __name__ == "__main__":
     benchmark_args, data_args, model_args = HfArgumentParser(
         (BenchmarkArguments, DataArguments, ModelArguments)
     ).parse_args_into_dataclasses()
-    print(main(benchmark_args, data_args, model_args))
+    print(main(benchmark_args, partial(image_workload, data_args, model_args)))

@@ -15,6 +15,8 @@ Loss modes (``--loss``), all through ``per_example_loss_func``:
 
 ``--augment`` collates batches through `AugmentingCollator`, which draws random crops and flips
 from a generator of its own on each rank (a resumed run must restore it to continue exactly).
+``--text`` trains a tiny BERT classifier instead, on tokenized sentences of 3 to 32 tokens padded
+by `DataCollatorWithPadding`, with the model's own loss (``--loss`` is ignored).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import random
 import sys
 import warnings
 
@@ -29,11 +32,12 @@ import torch
 import torch.nn.functional as F
 from datasets import Dataset
 from torch import nn
-from transformers import Trainer
+from transformers import BertForSequenceClassification, DataCollatorWithPadding, Trainer
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import user_strategy  # noqa: E402,F401  (registers --sb_strategy easiest, defined outside the package)
+from text_tiny import NEGATIVE, POSITIVE, bert_config, word_tokenizer  # noqa: E402
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer  # noqa: E402
 from hf_selective_backprop.data import BatchTransform  # noqa: E402
@@ -75,6 +79,18 @@ def make_dataset(n: int, encode_ids: bool) -> Dataset:
     if encode_ids:
         labels = torch.arange(n) * CLASSES + labels
     return Dataset.from_dict({"x": x.tolist(), "labels": labels.tolist()}).with_format("torch")
+
+
+def make_text_dataset(n: int):
+    """``n`` reviews of 1 to 6 phrases (label: which list they come from), tokenized unpadded."""
+    tokenizer = word_tokenizer(POSITIVE + NEGATIVE)
+    draw = random.Random(1234)
+    labels = [i % 2 for i in range(n)]
+    texts = [" ".join(draw.choice(POSITIVE if label else NEGATIVE) for _ in range(draw.randint(1, 6)))
+             for label in labels]
+    dataset = Dataset.from_dict({"text": texts, "labels": labels})
+    dataset = dataset.map(lambda rows: tokenizer(rows["text"], truncation=True), batched=True, remove_columns="text")
+    return dataset, tokenizer
 
 
 class AugmentingCollator:
@@ -181,6 +197,7 @@ def main() -> None:
     parser.add_argument("--save-steps", type=int, default=0)
     parser.add_argument("--resume", default=None)
     parser.add_argument("--augment", action="store_true")
+    parser.add_argument("--text", action="store_true", help="a tiny BERT on padded sentences of varying length")
     args = parser.parse_args()
 
     rank = int(os.environ.get("RANK", "0"))
@@ -206,15 +223,22 @@ def main() -> None:
         sb_staleness=args.staleness,
     )
     torch.manual_seed(0)
-    model = TinyMLP()
-    dataset = make_dataset(args.examples, encode_ids=args.loss == "id")
-    collator = AugmentingCollator(seed=rank) if args.augment else None
+    if args.text:
+        dataset, tokenizer = make_text_dataset(args.examples)
+        config_of_model = bert_config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+        model = BertForSequenceClassification(config_of_model)
+        collator, loss_func = DataCollatorWithPadding(tokenizer), None
+    else:
+        model = TinyMLP()
+        dataset = make_dataset(args.examples, encode_ids=args.loss == "id")
+        collator = AugmentingCollator(seed=rank) if args.augment else None
+        loss_func = make_loss_func(args.loss, rank)
     trainer = RecordingTrainer(
         model=model,
         args=config,
         train_dataset=dataset,
         data_collator=collator,
-        per_example_loss_func=make_loss_func(args.loss, rank),
+        per_example_loss_func=loss_func,
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -240,9 +264,10 @@ def main() -> None:
         "selection_batches_per_epoch": trainer._plan.selection_batches_per_epoch,
         "rows_per_epoch": trainer._plan.rows_per_epoch,
         "warnings": [str(w.message) for w in caught],
-        "augmentation": collator.transform.generator.get_state() if collator else None,
+        "augmentation": collator.transform.generator.get_state() if args.augment else None,
     }
-    result["weighted_loss"] = weighted_loss_check(trainer, dataset, rank)  # after the store is copied
+    if not args.text:
+        result["weighted_loss"] = weighted_loss_check(trainer, dataset, rank)  # after the store is copied
     os.makedirs(args.out, exist_ok=True)
     torch.save(result, os.path.join(args.out, f"rank{rank}.pt"))
     digest = hashlib.sha256(b"".join(v.numpy().tobytes() for v in result["weights"].values())).hexdigest()

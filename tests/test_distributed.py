@@ -301,3 +301,14 @@ def test_infobatch_decides_the_same_on_every_rank(tmp_path):
     # One plan, broadcast: the ranks together load each kept example once, and pruned ones not at all.
     assert stats["examples_seen"] == 3 * EXAMPLES
     assert 2 * EXAMPLES < stats["examples_loaded"] < 3 * EXAMPLES
+
+
+def test_text_rows_of_different_lengths_keep_two_processes_in_lockstep(tmp_path):
+    ranks = _launch(tmp_path, ["--text", "--keep", "0.5", "--batch", "4", "--grad-accum", "2", "--epochs", "2"])
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
+    assert _same_weights(ranks[0]["weights"], ranks[1]["weights"])
+    assert all(torch.isfinite(v).all() for v in ranks[0]["weights"].values())
+    stats = _stats_json(tmp_path)
+    assert stats["selection_forwards"] == 2 * EXAMPLES
+    assert 0 < stats["backwards"] <= stats["kept"] < 2 * EXAMPLES
+    assert {r["sb_stats"]["backwards"] for r in ranks} == {stats["backwards"]}

@@ -1,6 +1,5 @@
 """Text data: column detection, label ids, the offline tokenizer, and scripts/train_text.py end to end."""
 
-import csv
 import json
 import os
 import runpy
@@ -11,6 +10,7 @@ import pytest
 import torch
 from datasets import Dataset
 from huggingface_hub import ModelCard
+from text_tiny import NEGATIVE, POSITIVE
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
 from hf_selective_backprop.data.text import TextDataArguments, class_names, load_text_data, train_wordpiece_tokenizer
@@ -19,29 +19,6 @@ ROOT = Path(__file__).resolve().parents[1]
 SST2 = ROOT.parent / "shared" / "data" / "sst2"
 if not SST2.is_dir():
     SST2 = Path("/work/shared/data/sst2")
-
-POSITIVE = ["a fine and moving film", "great acting", "superb , warm and funny", "i loved every minute"]
-NEGATIVE = ["dull and poor", "an awful mess", "bad acting , worse plot", "i was bored"]
-
-
-def write_split(path: Path, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-
-
-@pytest.fixture
-def review_folder(tmp_path):
-    """A local dataset in the Hub layout: a 'review' column and string labels."""
-    folder = tmp_path / "reviews"
-    folder.mkdir()
-    rows = [{"id": i, "review": text, "sentiment": label}
-            for i, (text, label) in enumerate([(t, "pos") for t in POSITIVE] + [(t, "neg") for t in NEGATIVE])]
-    write_split(folder / "train.csv", rows * 12)
-    write_split(folder / "validation.csv", rows)
-    return folder
-
 
 def test_columns_are_found_and_string_labels_numbered(review_folder):
     data = load_text_data(TextDataArguments(dataset=str(review_folder), label_column="sentiment"))
@@ -126,3 +103,18 @@ def test_script_trains_a_causal_lm_and_reports_perplexity(review_folder, tmp_pat
     assert ModelCard.load(out / "README.md").data.pipeline_tag == "text-generation"
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.n_layer == 1 and os.path.isfile(out / "tokenizer.json")
+
+
+def test_train_tokenizer_script_saves_a_tokenizer_the_text_script_reuses(review_folder, tmp_path):
+    old = sys.argv
+    sys.argv = ["train_tokenizer.py", "--dataset", str(review_folder), "--label_column", "sentiment",
+                "--vocab_size", "80", "--max_length", "16", "--output_dir", str(tmp_path / "tok")]
+    try:
+        runpy.run_path(str(ROOT / "scripts" / "train_tokenizer.py"), run_name="__main__")
+    finally:
+        sys.argv = old
+    saved = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    out = tmp_path / "run"
+    run_script(["--dataset", str(review_folder), "--label_column", "sentiment", "--tokenizer_name",
+                str(tmp_path / "tok"), "--num_train_epochs", "1", "--output_dir", str(out), *COMMON])
+    assert AutoTokenizer.from_pretrained(out).get_vocab() == saved.get_vocab()

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import csv
+from pathlib import Path
+
 import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
     BertConfig,
     BertForSequenceClassification,
     BertForTokenClassification,
     GPT2Config,
     GPT2LMHeadModel,
+    PreTrainedTokenizerFast,
 )
+
+from hf_selective_backprop.data.text import SPECIAL_TOKENS
 
 VOCAB, PAD_ID = 40, 0
 
@@ -57,3 +64,39 @@ def token_labels(batch: dict, num_labels: int, seed: int = 0) -> torch.Tensor:
     labels[batch["attention_mask"] == 0] = -100
     labels[:, 1] = -100
     return labels
+
+
+POSITIVE = ["a fine and moving film", "great acting", "superb , warm and funny", "i loved every minute"]
+NEGATIVE = ["dull and poor", "an awful mess", "bad acting , worse plot", "i was bored"]
+
+
+def write_split(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_review_folder(folder: Path) -> Path:
+    """A local dataset in the Hub layout: 96 training rows, a 'review' column and string labels."""
+    folder.mkdir()
+    rows = [{"id": i, "review": text, "sentiment": label}
+            for i, (text, label) in enumerate([(t, "pos") for t in POSITIVE] + [(t, "neg") for t in NEGATIVE])]
+    write_split(folder / "train.csv", rows * 12)
+    write_split(folder / "validation.csv", rows)
+    return folder
+
+
+def word_tokenizer(texts: list[str], max_length: int = 32) -> PreTrainedTokenizerFast:
+    """``[CLS] words [SEP]`` with one id per distinct word of ``texts``.
+
+    The same in every process, unlike a trained WordPiece vocabulary (huggingface/tokenizers#1794).
+    """
+    words = sorted({word for text in texts for word in text.split()})
+    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS.values(), *words])}
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token=SPECIAL_TOKENS["unk_token"]))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=max_length, **SPECIAL_TOKENS)

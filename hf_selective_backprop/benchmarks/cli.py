@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .logs import CLOCKS, load_logs
 from .report import epochs_for_budget, epochs_for_relative_budget, write_report
 from .strategies import DEFAULT_STRATEGIES, Strategy, build_strategy
+
+if TYPE_CHECKING:
+    from .workloads import Workload
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +23,10 @@ class BenchmarkArguments:
     output_dir: str = field(metadata={"help": "Where <strategy>.json logs, report.md and the PNGs go."})
     strategies: str = field(
         default=",".join(DEFAULT_STRATEGIES),
-        metadata={"help": "Comma-separated: traditional, sb, stale-sb, sb-warmup, kath18, composer, uniform, topk."},
+        metadata={
+            "help": "Comma-separated: traditional, sb, stale-sb, sb-warmup, kath18, composer, uniform, topk, "
+            "infobatch, infobatch-r<ratio>, sb-anneal, sb-anneal-floor, sb-anneal-weighted, stale-sb-anneal."
+        },
     )
     protocol: str = field(
         default="paper",
@@ -59,6 +67,16 @@ class BenchmarkArguments:
     momentum: float = field(default=0.9, metadata={"help": "SGD momentum."})
     weight_decay: float = field(default=5e-4, metadata={"help": "Weight decay."})
     lr_scheduler_type: str = field(default="linear", metadata={"help": "LR schedule over each run's epochs."})
+    optim: str = field(
+        default="sgd", metadata={"help": "Optimizer (a TrainingArguments --optim value; sgd uses --momentum)."}
+    )
+    warmup_steps: float = field(
+        default=0.0, metadata={"help": "LR warm-up: steps, or a fraction of the run's steps when below 1."}
+    )
+    evals_per_epoch: int = field(
+        default=1,
+        metadata={"help": "Evaluations per epoch of data read (more points on the error-vs-time curve of short runs)."},
+    )
     threads: int = field(
         default=1,
         metadata={"help": "torch.set_num_threads (1: on a shared 2-core machine 2 threads spin-wait and crawl)."},
@@ -80,6 +98,8 @@ class BenchmarkArguments:
             raise ValueError("--protocol budget needs --paper_dir (the paper-protocol logs that give epoch costs)")
         if not 0.0 < self.keep <= 1.0:
             raise ValueError(f"--keep must be in (0, 1], got {self.keep}")
+        if self.evals_per_epoch < 1:
+            raise ValueError(f"--evals_per_epoch must be >= 1, got {self.evals_per_epoch}")
 
     def strategy_list(self) -> list[Strategy]:
         warmup = self.warmup_epochs if self.warmup_epochs is not None else int(self.num_train_epochs // 2)
@@ -136,7 +156,8 @@ def plan_epochs(args: BenchmarkArguments, strategies: list[Strategy]) -> dict[st
     return plan
 
 
-def main(args: BenchmarkArguments, data_args, model_args) -> str:
+def main(args: BenchmarkArguments, load_workload: Callable[[int], Workload]) -> str:
+    """Run what is missing in ``args.output_dir`` and write the report; ``load_workload(seed)`` gives the data."""
     title = args.title  # None: from the logs (dataset, protocol, epochs or budget)
     if args.report_only:
         return write_report(args.output_dir, title)
@@ -144,7 +165,6 @@ def main(args: BenchmarkArguments, data_args, model_args) -> str:
     import torch
     from tqdm.auto import tqdm
 
-    from ..data import load_image_data
     from .runner import RunSettings, run_interleaved, run_strategy, write_log
 
     torch.set_num_threads(args.threads)
@@ -166,9 +186,12 @@ def main(args: BenchmarkArguments, data_args, model_args) -> str:
         momentum=args.momentum,
         weight_decay=args.weight_decay,
         lr_scheduler_type=args.lr_scheduler_type,
+        optim=args.optim,
+        warmup_steps=args.warmup_steps,
+        evals_per_epoch=args.evals_per_epoch,
     )
     if todo:
-        data = load_image_data(data_args, seed=args.seed)
+        workload = load_workload(args.seed)
         progress = tqdm(total=len(todo), desc="strategies", unit="run")
 
         def done(strategy: Strategy, log: dict) -> None:
@@ -183,12 +206,12 @@ def main(args: BenchmarkArguments, data_args, model_args) -> str:
 
         jobs = [(s, *plan[s.name]) for s in todo]
         if args.interleave:
-            run_interleaved(jobs, data, model_args, settings, done)
+            run_interleaved(jobs, workload, settings, done)
         else:
             for strategy, epochs, extra in jobs:
                 progress.set_postfix_str(f"{strategy.name} ({epochs:g} epochs)")
                 try:
-                    log = run_strategy(strategy, data, model_args, settings, epochs, extra)
+                    log = run_strategy(strategy, workload, settings, epochs, extra)
                 except Exception:  # one broken strategy should not cost the others their runs
                     logger.exception("%s failed; going on with the next strategy", strategy.name)
                     continue

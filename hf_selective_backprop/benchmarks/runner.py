@@ -34,12 +34,11 @@ import torch
 from transformers import TrainerCallback, set_seed
 
 from ..config import SelectiveBackpropConfig
-from ..data import ImageClassificationData
 from ..metrics import compute_metrics
-from ..models import ModelArguments, build_model
 from ..trainer import SelectiveBackpropTrainer
 from .provenance import provenance
 from .strategies import Strategy
+from .workloads import Workload
 
 LOG_VERSION = 1
 logger = logging.getLogger(__name__)
@@ -128,6 +127,25 @@ class _TimingCallback(TrainerCallback):
             self._step_start = None
 
 
+class _EvaluateEveryFraction(TrainerCallback):
+    """Evaluates each time another 1/k of an epoch of data has been read.
+
+    The marks are in data read (`state.epoch`, which a selective run advances by the rows it
+    read, not the steps it made), so every strategy is evaluated at the same points of its data.
+    """
+
+    def __init__(self, evals_per_epoch: int):
+        self.every = 1.0 / evals_per_epoch
+        self.next_mark = self.every
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if (state.epoch or 0.0) >= self.next_mark - 1e-9:
+            control.should_evaluate = True
+            while self.next_mark <= (state.epoch or 0.0) + 1e-9:
+                self.next_mark += self.every
+        return control
+
+
 class BenchmarkTrainer(SelectiveBackpropTrainer):
     """Records (epoch, accuracy, training time) at every evaluation, and a time breakdown.
 
@@ -201,6 +219,9 @@ class RunSettings:
     momentum: float = 0.9
     weight_decay: float = 5e-4
     lr_scheduler_type: str = "linear"
+    optim: str = "sgd"
+    warmup_steps: float = 0.0
+    evals_per_epoch: int = 1
 
 
 def _own_augmentation(dataset, seed: int):
@@ -228,11 +249,12 @@ def make_config(
         per_device_eval_batch_size=settings.eval_batch_size,
         learning_rate=settings.learning_rate,
         weight_decay=settings.weight_decay,
-        optim="sgd",
-        optim_args=f"momentum={settings.momentum}",
+        optim=settings.optim,
+        optim_args=f"momentum={settings.momentum}" if settings.optim.startswith("sgd") else None,
         lr_scheduler_type=settings.lr_scheduler_type,
-        warmup_steps=0,
-        eval_strategy="epoch",
+        warmup_steps=settings.warmup_steps,
+        # More than one evaluation per epoch: `_EvaluateEveryFraction` decides when.
+        eval_strategy="epoch" if settings.evals_per_epoch == 1 else "no",
         save_strategy="no",
         logging_steps=50,
         report_to="none",
@@ -247,8 +269,7 @@ def make_config(
 
 def run_strategy(
     strategy: Strategy,
-    data: ImageClassificationData,
-    model_args: ModelArguments,
+    workload: Workload,
     settings: RunSettings,
     num_train_epochs: float,
     extra: dict | None = None,
@@ -264,16 +285,17 @@ def run_strategy(
     run_dir = tempfile.mkdtemp(prefix=f"benchmark-{strategy.name}-")
     config = make_config(strategy, settings, num_train_epochs, run_dir)
     set_seed(settings.seed)
-    model = build_model(
-        model_args, data.num_labels, data.image_size, data.mean, data.std, data.num_channels, data.label_names
-    )
     trainer = BenchmarkTrainer(
-        model=model,
+        model=workload.build_model(),
         args=config,
-        train_dataset=_own_augmentation(data.train, settings.seed),
-        eval_dataset=data.eval,
+        train_dataset=_own_augmentation(workload.train, settings.seed),
+        eval_dataset=workload.eval,
+        data_collator=workload.data_collator,
+        processing_class=workload.processing_class,
         compute_metrics=compute_metrics,
     )
+    if settings.evals_per_epoch > 1:
+        trainer.add_callback(_EvaluateEveryFraction(settings.evals_per_epoch))
     trainer.turnstile, trainer.run_name = turnstile, strategy.name
     load_before = os.getloadavg()
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -286,7 +308,7 @@ def run_strategy(
     if stats["strategy"] == "none":  # the data time the trainer's own counters keep for selective runs
         stats.update(data_seconds=trainer.timings["batch_seconds"], selection_forward_seconds=0.0,
                      selection_overhead_seconds=0.0)
-    rows = len(data.train)
+    rows = len(workload.train)
     epochs = float(trainer.state.epoch or 0.0)
     shutil.rmtree(run_dir, ignore_errors=True)
     return {
@@ -298,10 +320,10 @@ def run_strategy(
         "num_train_epochs": num_train_epochs,
         "epochs_trained": epochs,
         "train_examples": rows,
-        "eval_examples": len(data.eval) if data.eval is not None else 0,
+        "eval_examples": len(workload.eval) if workload.eval is not None else 0,
         "settings": {k: v for k, v in vars(settings).items() if k != "output_dir"},
-        "model": model_args.model,
-        "dataset": data.dataset_id,
+        "model": workload.model_name,
+        "dataset": workload.dataset_id,
         "evals": trainer.evals,
         "train_wall_seconds": train_wall,
         "train_cpu_seconds": train_cpu,
@@ -332,7 +354,7 @@ def write_log(log: dict, path: str) -> None:
     os.replace(tmp, path)
 
 
-def run_interleaved(jobs, data, model_args, settings: RunSettings, on_done) -> None:
+def run_interleaved(jobs, workload: Workload, settings: RunSettings, on_done) -> None:
     """Train every `(strategy, epochs, extra)` of `jobs` in turns of one epoch (see the module doc).
 
     `on_done(strategy, log)` runs in the finishing run's thread while it still holds the turn;
@@ -342,7 +364,7 @@ def run_interleaved(jobs, data, model_args, settings: RunSettings, on_done) -> N
 
     def work(strategy, epochs, extra):
         try:
-            log = run_strategy(strategy, data, model_args, settings, epochs, extra, turnstile)
+            log = run_strategy(strategy, workload, settings, epochs, extra, turnstile)
             on_done(strategy, log)
         except Exception:
             logger.exception("%s failed; the other strategies go on", strategy.name)

@@ -9,11 +9,15 @@ DATA=${DATA:-../shared/data}
 
 # 1. Development sweep (one seed, 5,000 training images, 10 epochs): which SB-family and InfoBatch
 #    settings lose least accuracy per unit of time saved.
+#    SECTIONS="2" skips it (a rerun would rewrite its report and plots, leaving the tree unclean
+#    for the runs after it).
 DEV="--dataset $DATA/cifar10 --max_train_samples 5000 --max_eval_samples 1000 --num_train_epochs 10 --seed 0"
-$PY scripts/benchmark.py $DEV --threads ${THREADS:-1} --output_dir $R/cifar10-dev-sweep \
-    --strategies traditional,sb,infobatch,infobatch-r0.7
-$PY scripts/benchmark.py $DEV --threads ${THREADS:-1} --keep 0.5 --staleness 2 --output_dir $R/cifar10-dev-sweep \
-    --strategies sb-anneal,sb-anneal-weighted,stale-sb-anneal
+if [[ " ${SECTIONS:-1 2} " == *" 1 "* ]]; then
+    $PY scripts/benchmark.py $DEV --threads ${THREADS:-1} --output_dir $R/cifar10-dev-sweep \
+        --strategies traditional,sb,infobatch,infobatch-r0.7
+    $PY scripts/benchmark.py $DEV --threads ${THREADS:-1} --keep 0.5 --staleness 2 --output_dir $R/cifar10-dev-sweep \
+        --strategies sb-anneal,sb-anneal-weighted,stale-sb-anneal
+fi
 
 # 2. Paper protocol, CIFAR-10 (10,000 training / 2,000 test images, 15 epochs), seeds 0 1 2, each
 #    one strategy after another (each log is written when it ends, so the runs can be spread over

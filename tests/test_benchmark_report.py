@@ -181,3 +181,25 @@ def test_report_without_matplotlib_and_plots_name_the_extra(logs, tmp_path, monk
     assert write_report(str(tmp_path), "no plots", plots=False).endswith("report.md")
     with pytest.raises(ImportError, match=r"hf-selective-backprop\[benchmarks\]"):
         importlib.import_module("hf_selective_backprop.benchmarks.plots")
+
+
+def test_provenance_counts_code_changes_but_not_the_benchmarks_own_results(tmp_path, monkeypatch):
+    import subprocess
+
+    from hf_selective_backprop.benchmarks.provenance import provenance
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    (tmp_path / "benchmarks" / "results" / "run").mkdir(parents=True)
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "benchmarks" / "results" / "run" / "report.md").write_text("old\n")
+    git("init", "-q")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    monkeypatch.chdir(tmp_path)
+    assert provenance()["clean_tree"] is True
+    (tmp_path / "benchmarks" / "results" / "run" / "report.md").write_text("rewritten by the previous run\n")
+    assert provenance()["clean_tree"] is True
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert provenance()["clean_tree"] is False

@@ -37,7 +37,8 @@ def test_text_benchmark_evaluates_every_strategy_at_the_same_fractions_of_its_da
     assert logs["traditional"]["stats"]["backwards"] == ROWS
     # Uniform keeps half of every selection batch of 8, so it backpropagates half the rows.
     assert logs["uniform"]["stats"]["backwards"] == ROWS // 2
-    assert report == str(tmp_path / "report.md") and "Uniform" in (tmp_path / "report.md").read_text()
+    text = (tmp_path / "report.md").read_text()
+    assert report == str(tmp_path / "report.md") and "Uniform" in text and "adamw_torch lr 0.001 wd" in text
 
 
 def test_text_benchmark_refuses_a_language_model_task_before_training(review_folder, tmp_path):

@@ -43,7 +43,7 @@ def plot_error_vs_time(logs: dict[str, dict], path: str, clock: str = "wall", ti
     ax.yaxis.set_minor_formatter(plain)
     ax.tick_params(axis="y", which="minor", labelsize=7)
     ax.set_xlabel(f"training {'wall' if clock == 'wall' else 'process CPU'} time (s, evaluation excluded)")
-    ax.set_ylabel("test error (%)")
+    ax.set_ylabel("error on the evaluation split (%)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)

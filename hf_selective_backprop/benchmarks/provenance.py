@@ -16,9 +16,14 @@ def _git(*args: str) -> str | None:
         return None
 
 
+#: Result folders are left out of "clean tree": a benchmark rewrites its own report and plots after
+#: every run, which must not mark the next run of the same command as made from modified code.
+RESULTS_PATHSPEC = ":(exclude,glob)**/benchmarks/results/**"
+
+
 def provenance() -> dict:
-    """The commit the run is at, whether the tree had uncommitted changes, the command and versions."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    """The commit the run is at, whether the code had uncommitted changes, the command and versions."""
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", RESULTS_PATHSPEC)
     versions = {}
     for name in LIBRARIES:
         try:

@@ -225,9 +225,8 @@ def render_report(logs: dict[str, dict], title: str = "Benchmark", notes: str = 
         parts += [notes, ""]
     parts += [
         f"Dataset `{any_log.get('dataset')}` ({any_log.get('train_examples')} train / "
-        f"{any_log.get('eval_examples')} test examples), model `{any_log.get('model')}`, "
-        f"batch {settings.get('batch_size')}, SGD lr {settings.get('learning_rate')} momentum "
-        f"{settings.get('momentum')} wd {settings.get('weight_decay')}, {settings.get('lr_scheduler_type')} LR "
+        f"{any_log.get('eval_examples')} evaluation examples), model `{any_log.get('model')}`, "
+        f"batch {settings.get('batch_size')}, {_optimizer(settings)}, {settings.get('lr_scheduler_type')} LR "
         f"decay over each run's own epochs, seed {settings.get('seed')}. Device: {machine.get('device')}, "
         f"{machine.get('torch_threads')} torch threads, {machine.get('cpus')} CPUs.",
         "",
@@ -293,6 +292,18 @@ def default_title(logs: dict[str, dict]) -> str:
         clock = "wall" if log.get("budget_clock", "wall") == "wall" else "CPU"
         return f"{name}: equal training-time budget ({log['budget_seconds']:.0f} s {clock} each)"
     return f"{name}: paper protocol ({log['num_train_epochs']:g} epochs each)"
+
+
+def _optimizer(settings: dict) -> str:
+    """E.g. "SGD lr 0.1 momentum 0.9 wd 0.0005" or "adamw_torch lr 0.001 wd 0.01, warm-up 0.06"."""
+    optim = settings.get("optim", "sgd")  # logs written before the flag existed trained with SGD
+    text = f"SGD lr {settings.get('learning_rate')} momentum {settings.get('momentum')}" if optim == "sgd" else (
+        f"{optim} lr {settings.get('learning_rate')}"
+    )
+    text += f" wd {settings.get('weight_decay')}"
+    if settings.get("warmup_steps"):
+        text += f", warm-up {settings['warmup_steps']:g}"
+    return text
 
 
 def write_report(folder: str, title: str | None = None, notes: str = "", plots: bool = True) -> str:

@@ -120,7 +120,7 @@ def plot_seeds(seeds: dict[str, dict[str, dict]], path: str, clock: str = "wall"
             axis.plot(times, errors, color=colour, alpha=0.8, label=label, marker=".")
     axis.legend()
     axis.set_xlabel(f"training time ({clock} clock, s)")
-    axis.set_ylabel("test error (%)")
+    axis.set_ylabel("error on the evaluation split (%)")
     axis.set_title(f"{len(seeds)} seeds, one line per seed")
     axis.grid(alpha=0.3)
     figure.tight_layout()

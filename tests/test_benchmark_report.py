@@ -111,6 +111,15 @@ def test_breakdown_other_is_the_rest():
     assert b["training"] == 64.0 and b["other"] == pytest.approx(10.0) and b["total"] == 100.0
 
 
+def test_breakdown_table_shows_the_time_per_optimizer_step():
+    from hf_selective_backprop.benchmarks.report import render_breakdown
+
+    log = make_log("sb", [0.5], [100.0], optimizer_steps=8)
+    log["timings"] = {"train_step_seconds": 60.0, "optimizer_seconds": 0.2}
+    row = render_breakdown({"sb": log}).splitlines()[-1]
+    assert row.endswith("| 25.0 ms |")
+
+
 def test_report_is_rebuilt_from_the_json_logs_alone(logs, tmp_path):
     for name, log in logs.items():
         log["machine"] = {"loadavg_before": [1, 1, 1], "loadavg_after": [2, 2, 2]}

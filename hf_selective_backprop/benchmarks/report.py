@@ -147,6 +147,12 @@ def _fmt_part(seconds: float, total: float) -> str:
     return f"{seconds:.1f} s ({100 * seconds / total:.0f} %)"
 
 
+def _fmt_step_ms(log: dict) -> str:
+    steps = log["stats"].get("optimizer_steps", 0)
+    seconds = log.get("timings", {}).get("optimizer_seconds")
+    return f"{1000 * seconds / steps:.1f} ms" if steps and seconds is not None else "-"
+
+
 def render_breakdown(logs: dict[str, dict]) -> str:
     base = logs.get(BASELINE)
     head = [
@@ -161,6 +167,8 @@ def render_breakdown(logs: dict[str, dict]) -> str:
         "examples/s",
         "throughput vs Traditional",
         "kept fraction",
+        # The same work in every run: it tells a slower machine from a costlier strategy.
+        "optimizer step",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     base_rate = None
@@ -187,6 +195,7 @@ def render_breakdown(logs: dict[str, dict]) -> str:
                     f"{rate:.0f}",
                     _fmt_speedup(rate / base_rate if base_rate else None),
                     f"{log['stats'].get('kept_fraction', 1.0):.3f}",
+                    _fmt_step_ms(log),
                 ]
             )
             + " |"

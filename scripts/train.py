@@ -8,6 +8,7 @@ A checkpoint is saved every epoch (--save_strategy); after an interruption the s
 Works the same under `accelerate launch` (see configs/accelerate/). Every flag: --help.
 """
 
+from accelerate import PartialState
 from transformers import HfArgumentParser
 
 from hf_selective_backprop import SelectiveBackpropConfig
@@ -46,3 +47,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Trainer leaves the process group up under `accelerate launch`; a rank exiting with gloo's
+    # threads alive can abort after its work is done.
+    PartialState().destroy_process_group()

@@ -10,6 +10,7 @@ Every flag: --help.
 
 import math
 
+from accelerate import PartialState
 from transformers import (
     AutoTokenizer,
     DataCollatorForLanguageModeling,
@@ -117,3 +118,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # Trainer leaves the process group up under `accelerate launch`; a rank exiting with gloo's
+    # threads alive can abort after its work is done.
+    PartialState().destroy_process_group()

@@ -278,6 +278,10 @@ def main() -> None:
         f"weights_sha256={digest[:16]}",
         flush=True,
     )
+    # Trainer leaves the process group up; a rank exiting with gloo's threads alive can abort
+    # ("terminate called without an active exception") after its work is done.
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":

@@ -54,7 +54,8 @@ def test_sb_probabilities_in_floor_one_and_monotone(history, losses, beta, floor
     losses = tensor(losses)
     p = selector.probabilities(losses)
     assert ((p >= floor - 1e-7) & (p <= 1.0)).all()
-    assert (p[torch.argsort(losses)].diff() >= 0).all()
+    # Equal losses may differ by an ulp (vectorized pow's tail lanes round differently); allow float32 noise.
+    assert (p[torch.argsort(losses)].diff() >= -1e-6).all()
     assert 0.0 <= selector.expected_keep_fraction() <= 1.0 + 1e-9
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hf_selective_backprop.benchmarks.seeds import load_seeds, seeds_table, summarize_seeds
+from hf_selective_backprop.benchmarks.seeds import load_seeds, provenance_summary, seeds_table, summarize_seeds
 
 
 def log(strategy, errors, seconds, kept=1.0):
@@ -38,3 +38,23 @@ def test_time_to_target_is_read_against_the_same_seeds_traditional(tmp_path):
     # 1.2 x: seed 1's target 0.24 at 10 s (Traditional 30 s), seed 2's 0.36 at 10 s (Traditional 30 s).
     assert fast["to_target"][1.2]["speedup"] == pytest.approx((3.0, 0.0))
     assert "not reached" not in seeds_table(list(rows.values())).splitlines()[3]
+
+
+def test_report_names_every_commit_and_every_modified_tree(tmp_path):
+    versions = {"torch": "2.14.1"}
+    runs = (
+        [("traditional", "a" * 40, True), ("fast", "b" * 40, True)],
+        [("traditional", "a" * 40, False), ("fast", "c" * 40, True)],
+    )
+    for seed, strategies in enumerate(runs):
+        entries = []
+        for name, commit, clean in strategies:
+            entry = log(name, [0.5], [10])
+            entry["provenance"] = {"commit": commit, "clean_tree": clean, "versions": versions}
+            entries.append(entry)
+        write(tmp_path, seed, *entries)
+    summary = provenance_summary(load_seeds(str(tmp_path)))
+    assert "4 runs at 3 commit(s)" in summary
+    assert f"{'a' * 10} (2), {'b' * 10} (1), {'c' * 10} (1)" in summary
+    assert "Tree modified or unknown in: seed1/traditional." in summary
+    assert "in every run" in summary and "2.14.1" in summary

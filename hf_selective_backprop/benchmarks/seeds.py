@@ -129,17 +129,35 @@ def plot_seeds(seeds: dict[str, dict[str, dict]], path: str, clock: str = "wall"
     return path
 
 
+def provenance_summary(seeds: dict[str, dict[str, dict]]) -> str:
+    """Every commit the runs were made at, which runs had a modified tree, and the library versions.
+
+    Seeds of a long benchmark are run over several sittings, so one table can span many commits;
+    naming only one would hide that.
+    """
+    runs = [(f"{seed}/{name}", log.get("provenance", {})) for seed, logs in seeds.items() for name, log in logs.items()]
+    commits: dict[str | None, list[str]] = {}
+    for run, prov in runs:
+        commits.setdefault(prov.get("commit"), []).append(run)
+    listed = ", ".join(f"{(commit or 'unknown')[:10]} ({len(names)})" for commit, names in commits.items())
+    modified = [run for run, prov in runs if prov.get("clean_tree") is not True]
+    versions = list(dict.fromkeys(repr(prov.get("versions")) for _, prov in runs))
+    return (
+        f"{len(runs)} runs at {len(commits)} commit(s), runs per commit in brackets: {listed}. "
+        + (f"Tree modified or unknown in: {', '.join(modified)}. " if modified else "Clean tree in every run. ")
+        + (f"Versions {versions[0]} in every run." if len(versions) == 1 else f"Versions: {'; '.join(versions)}.")
+    )
+
+
 def write_seeds_report(root: str, title: str, clock: str = "wall") -> str:
     seeds = load_seeds(root)
     if not seeds:
         raise ValueError(f"no seed*/ folders with logs in {root}")
     rows = summarize_seeds(seeds, clock)
     plot_seeds(seeds, os.path.join(root, "error_vs_time.png"), clock)
-    provenance = next(iter(next(iter(seeds.values())).values())).get("provenance", {})
     text = (
         f"# {title}\n\n{seeds_table(rows, clock)}\n![error vs time](error_vs_time.png)\n\n"
-        f"Commit {provenance.get('commit')} (clean tree: {provenance.get('clean_tree')}); "
-        f"versions {provenance.get('versions')}. Each seed's command is in its logs.\n"
+        f"{provenance_summary(seeds)} Each run's command is in its log.\n"
     )
     path = os.path.join(root, "report.md")
     with open(path, "w") as handle:

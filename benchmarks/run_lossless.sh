@@ -63,8 +63,8 @@ fi
 
 # 4. Longer training on fewer images: 2,500 CIFAR-10 training / 2,000 test images, 30 epochs, seeds
 #    0 1 2; Traditional, InfoBatch and the uniform control. Whether InfoBatch keeps Traditional's
-#    accuracy once the training set is learned well before the end, which 15 epochs on 10,000 images
-#    (section 2) never reach.
+#    accuracy when every image is seen twice as often as in section 2 (75,000 examples a run, half
+#    of section 2's).
 if [[ " ${SECTIONS:-1 2 3 4} " == *" 4 "* ]]; then
     LONG=(--dataset $DATA/cifar10 --max_train_samples 2500 --max_eval_samples 2000 --num_train_epochs 30)
     for SEED in ${SEEDS:-0 1 2}; do

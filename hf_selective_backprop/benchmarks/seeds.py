@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import statistics
+from collections import Counter
 
 from .logs import BASELINE, CLOCKS, final_error, load_logs
 from .report import time_to_error
@@ -136,10 +137,8 @@ def provenance_summary(seeds: dict[str, dict[str, dict]]) -> str:
     naming only one would hide that.
     """
     runs = [(f"{seed}/{name}", log.get("provenance", {})) for seed, logs in seeds.items() for name, log in logs.items()]
-    commits: dict[str | None, list[str]] = {}
-    for run, prov in runs:
-        commits.setdefault(prov.get("commit"), []).append(run)
-    listed = ", ".join(f"{(commit or 'unknown')[:10]} ({len(names)})" for commit, names in commits.items())
+    commits = Counter(prov.get("commit") for _, prov in runs)
+    listed = ", ".join(f"{(commit or 'unknown')[:10]} ({count})" for commit, count in commits.items())
     modified = [run for run, prov in runs if prov.get("clean_tree") is not True]
     versions = list(dict.fromkeys(repr(prov.get("versions")) for _, prov in runs))
     return (

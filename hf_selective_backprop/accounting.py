@@ -24,6 +24,7 @@ COUNTERS = (
     "backwards",
     "optimizer_steps",
     "nonfinite_losses",
+    "reference_forwards",
 )
 TIMERS = (
     "data_seconds",
@@ -31,6 +32,7 @@ TIMERS = (
     "selection_overhead_seconds",
     "eval_seconds",
     "save_seconds",
+    "reference_seconds",
 )
 
 
@@ -55,11 +57,13 @@ class SelectionStats:
     backwards: int = 0
     optimizer_steps: int = 0
     nonfinite_losses: int = 0
+    reference_forwards: int = 0
     data_seconds: float = 0.0
     selection_forward_seconds: float = 0.0
     selection_overhead_seconds: float = 0.0
     eval_seconds: float = 0.0
     save_seconds: float = 0.0
+    reference_seconds: float = 0.0
 
     @contextmanager
     def timer(self, name: str):
@@ -86,9 +90,8 @@ def summarize(totals: dict, wall_seconds: float) -> dict:
     summary["backward_fraction"] = totals["backwards"] / seen if seen else 0.0
     summary["train_seconds"] = wall_seconds
     selection = totals["selection_forward_seconds"] + totals["selection_overhead_seconds"]
-    summary["training_seconds"] = max(
-        wall_seconds - selection - totals["data_seconds"] - totals["eval_seconds"] - totals["save_seconds"], 0.0
-    )
+    elsewhere = totals["data_seconds"] + totals["eval_seconds"] + totals["save_seconds"] + totals["reference_seconds"]
+    summary["training_seconds"] = max(wall_seconds - selection - elsewhere, 0.0)
     summary["selection_overhead_share"] = (
         totals["selection_overhead_seconds"] / summary["training_seconds"] if summary["training_seconds"] else 0.0
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
@@ -11,6 +12,7 @@ from transformers import TrainingArguments
 from .selectors import strategy_names
 
 SELECTION_MODES = ("eval", "train")
+RHO_RULES = ("topk", "cdf")
 SELECTION_PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 HISTORY_SCOPES = ("global", "local")
 DEFAULT_KEEP = 1.0 / 3.0
@@ -32,7 +34,9 @@ class SelectiveBackpropConfig(TrainingArguments):
             "'sb' (Selective-Backprop: keep with probability CDF(loss)**beta), 'topk' (highest-loss "
             "fraction of each selection batch), 'composer' (MosaicML's rule), 'kath18' (Katharopoulos & "
             "Fleuret importance sampling), 'uniform' (random fraction: the control baseline), 'infobatch' "
-            "(Qin et al. 2024: prune below-mean-loss examples before loading, rescale the rest), or the name "
+            "(Qin et al. 2024: prune below-mean-loss examples before loading, rescale the rest), 'rholoss' "
+            "(Mindermann et al. 2022: select by reducible loss = loss minus a reference model's loss, which "
+            "skips mislabeled examples; needs --sb_reference_model or --sb_reference_column), or the name "
             "of a strategy registered with hf_selective_backprop.selectors.register_strategy.",
         },
     )
@@ -176,6 +180,31 @@ class SelectiveBackpropConfig(TrainingArguments):
         },
     )
 
+    sb_reference_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "'rholoss': folder of a saved model (what save_pretrained writes) trained on a holdout split "
+            "of the data. Before training it scores every training example once (eval mode, no augmentation); "
+            "its loss is the example's irreducible loss, kept in checkpoints and never recomputed on resume."
+        },
+    )
+    sb_reference_column: str | None = field(
+        default=None,
+        metadata={
+            "help": "'rholoss': training-dataset column holding each example's irreducible loss (a finite float), "
+            "instead of --sb_reference_model."
+        },
+    )
+    sb_rho_rule: str = field(
+        default="topk",
+        metadata={
+            "help": "'rholoss': how reducible losses pick rows. 'topk' keeps the sb_keep highest of each "
+            "selection batch (RHO-LOSS's rule); 'cdf' keeps each with probability CDF(reducible loss)**beta, "
+            "the SB rule on reducible losses.",
+            "choices": list(RHO_RULES),
+        },
+    )
+
     def __post_init__(self):
         super().__post_init__()
         self._validate_sb()
@@ -239,6 +268,7 @@ class SelectiveBackpropConfig(TrainingArguments):
                 f"--sb_strategy infobatch prunes and anneals by epochs, so it needs an epoch-based run: use "
                 f"--num_train_epochs instead of --max_steps {self.max_steps}"
             )
+        self._validate_reference()
         if self.sb_history_scope not in HISTORY_SCOPES:
             fail("sb_history_scope", f"one of {', '.join(HISTORY_SCOPES)}", self.sb_history_scope)
         if self.sb_strategy != "none" and self.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
@@ -249,12 +279,33 @@ class SelectiveBackpropConfig(TrainingArguments):
                 "together, so length-grouped or rebalanced batches do not survive it; use the default 'random'"
             )
 
+    def _validate_reference(self) -> None:
+        given = [flag for flag in ("sb_reference_model", "sb_reference_column") if getattr(self, flag) is not None]
+        if len(given) == 2:
+            raise ValueError(
+                "--sb_reference_model and --sb_reference_column both give irreducible losses; give only one of them"
+            )
+        if given and self.sb_strategy != "rholoss":
+            raise ValueError(
+                f"--{given[0]} gives irreducible losses, which only --sb_strategy rholoss uses "
+                f"(this run has --sb_strategy {self.sb_strategy}); drop the flag or use --sb_strategy rholoss"
+            )
+        if self.sb_reference_model is not None and not os.path.isdir(self.sb_reference_model):
+            raise ValueError(
+                f"--sb_reference_model {self.sb_reference_model!r}: no such folder; pass the folder a reference "
+                "model was saved to (save_pretrained / scripts/train.py --output_dir)"
+            )
+        if self.sb_reference_column is not None and not self.sb_reference_column:
+            raise ValueError("--sb_reference_column must name a column, got ''")
+        if self.sb_rho_rule not in RHO_RULES:
+            raise ValueError(f"--sb_rho_rule must be one of {', '.join(RHO_RULES)}, got {self.sb_rho_rule!r}")
+
     @property
     def sb_keep_fraction(self) -> float:
         """The kept fraction asked for, reconciling sb_keep, sb_beta and sb_presample."""
         if self.sb_keep is not None:
             return self.sb_keep
-        if self.sb_strategy == "sb" and self.sb_beta is not None:
+        if self.sb_strategy in ("sb", "rholoss") and self.sb_beta is not None:
             return 1.0 / (self.sb_beta + 1.0)
         if self.sb_strategy == "kath18" and self.sb_presample is not None:
             return 1.0 / self.sb_presample

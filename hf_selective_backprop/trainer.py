@@ -17,7 +17,7 @@ import torch
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
-from . import distributed
+from . import distributed, reference
 from .accounting import STATS_FILE, full_pass_summary, run_summary, write_stats
 from .checkpoints import require_complete_checkpoint
 from .config import SelectiveBackpropConfig
@@ -30,6 +30,7 @@ from .indexing import ids_by_position, with_index_column
 from .losses import model_task, per_example_loss_for, weighted_loss
 from .padding import queue_padding
 from .plan import TrainingPlan
+from .reference import IrreducibleLosses
 from .scoring import SelectionScorer
 from .selectors import build_selector
 
@@ -42,13 +43,17 @@ class SelectiveBackpropTrainer(Trainer):
     Args:
         per_example_loss_func: ``(outputs, labels) -> losses`` of shape (batch,), needed when
             the model's loss is not single-label cross-entropy (and with ``compute_loss_func``).
+        reference_model: for ``sb_strategy="rholoss"``, a model trained on held-out data whose loss on
+            each training example is that example's irreducible loss (``--sb_reference_model`` loads
+            one from a folder instead).
         Every other argument is `transformers.Trainer`'s.
     """
 
     #: The engine class built for each training run; a subclass can record or change what it does.
     engine_class = SelectionEngine
+    _reference_pass: reference.ReferencePass | None = None
 
-    def __init__(self, *args, per_example_loss_func=None, **kwargs):
+    def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
         super().__init__(*args, **kwargs)
         if not isinstance(self.args, SelectiveBackpropConfig):
             raise TypeError(
@@ -66,14 +71,71 @@ class SelectiveBackpropTrainer(Trainer):
             self.model, label_smoothing=smoothing, label_name=self.label_name
         )
         self.selector = build_selector(self.args)
+        if reference_model is not None and (self.selector is None or not self.selector.uses_reference_losses):
+            raise ValueError(
+                f"reference_model gives irreducible losses, which only sb_strategy='rholoss' uses (this run has "
+                f"{self.args.sb_strategy!r})"
+            )
         if self.selector is None:
             return
         if self.train_dataset is not None:
             if isinstance(self.train_dataset, torch.utils.data.IterableDataset) and self.args.sb_staleness > 1:
                 raise ValueError("--sb_staleness > 1 needs a map-style dataset: an IterableDataset has no stable ids")
             self.train_dataset = with_index_column(self.train_dataset, self.args.sb_index_column)
+        # A loss the user wrote scores the reference too: both sides of the reducible loss must be one kind.
+        self._reference_loss_func = per_example_loss_func
+        self._reference = self._irreducible_source(reference_model)
         self.add_callback(SelectionFlowCallback(self))
         self.engine = self._build_engine()
+
+    def _irreducible_source(self, reference_model) -> IrreducibleLosses | torch.nn.Module | None:
+        """For 'rholoss': the irreducible losses of a column, or the reference model that will score them.
+
+        Resolved here, so a missing column or a reference of another label count or input size fails
+        before any training time is spent.
+        """
+        if not self.selector.uses_reference_losses:
+            return None
+        args = self.args
+        if isinstance(self.train_dataset, torch.utils.data.IterableDataset):
+            raise ValueError("--sb_strategy rholoss needs a map-style training dataset: it keeps a loss per example id")
+        if reference_model is not None and args.sb_reference_model is not None:
+            raise ValueError("both reference_model= and --sb_reference_model are given; pass only one of them")
+        if args.sb_reference_column is not None:
+            ids = ids_by_position(self.train_dataset, args.sb_index_column)
+            table = reference.from_column(self.train_dataset, args.sb_reference_column, ids)
+            # The model must not receive the column as an input when remove_unused_columns is off.
+            self.train_dataset = self.train_dataset.remove_columns(args.sb_reference_column)
+            return table
+        if args.sb_reference_model is not None:
+            reference_model = reference.load_reference_model(args.sb_reference_model)
+        if reference_model is None:
+            raise ValueError(
+                "--sb_strategy rholoss selects by loss minus irreducible loss: pass --sb_reference_model (a folder "
+                "holding a model trained on held-out data), --sb_reference_column (a column of irreducible losses), "
+                "or SelectiveBackpropTrainer(reference_model=...)"
+            )
+        reference.check_fits(reference_model, self.accelerator.unwrap_model(self.model), self._reference_name())
+        return reference_model
+
+    def _reference_name(self) -> str:
+        path = self.args.sb_reference_model
+        return f"{reference.MODEL_FLAG} {path!r}" if path is not None else "reference_model"
+
+    def _irreducible_losses(self, resuming: bool) -> IrreducibleLosses | None:
+        """The table of irreducible losses: a column's, scored once by the reference model, or (resuming) None
+        until the checkpoint restores the saved one."""
+        if resuming or isinstance(self._reference, IrreducibleLosses):
+            return None if resuming else self._reference
+        if self._reference_pass is None:  # an auto_find_batch_size restart keeps the first pass
+            self._reference_pass = reference.compute(
+                self, self._reference, self._reference_name(), self._reference_loss_func
+            )
+            ids = ids_by_position(self.train_dataset, self.args.sb_index_column)
+            self._reference_pass.table.check_covers(ids, self._reference_name())
+        self.engine.stats.reference_forwards = self._reference_pass.forwards
+        self.engine.stats.reference_seconds = self._reference_pass.seconds
+        return self._reference_pass.table
 
     def _build_engine(self) -> SelectionEngine:
         """Fresh selection state: at construction and at each (auto_find_batch_size) restart."""
@@ -184,6 +246,8 @@ class SelectiveBackpropTrainer(Trainer):
         if self.selector is not None:
             self.engine = self._build_engine()
             self._train_start = time.perf_counter()
+            if self.selector.uses_reference_losses:
+                self.engine.irreducible = self._irreducible_losses(resuming=resume_from_checkpoint is not None)
         return super()._inner_training_loop(batch_size, args, resume_from_checkpoint, *rest, **kwargs)
 
     def _init_training_state(self, max_steps, steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial):

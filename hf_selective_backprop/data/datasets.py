@@ -65,6 +65,12 @@ class ImageTensorDataset(torch.utils.data.Dataset):
     def __getitem__(self, position: int) -> dict:
         return self.__getitems__([position])[0]
 
+    def without_augmentation(self) -> ImageTensorDataset:
+        """The same rows (tensors shared, not copied) as evaluation sees them: normalized, not augmented."""
+        view = ImageTensorDataset(self.images, self.labels, self.transform.without_augmentation(), self.index)
+        view.noisy_indices = self.noisy_indices
+        return view
+
     def example_ids(self) -> torch.Tensor | None:
         """The id of every row, without loading (and augmenting) any: what selection keys examples by."""
         return self.index

@@ -6,6 +6,7 @@ so augmenting costs a few tensor ops per batch instead of PIL work per image.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import torch
@@ -92,6 +93,12 @@ class BatchTransform:
         if self.cutout:
             images = cutout(images, self.cutout, generator)
         return images
+
+    def without_augmentation(self) -> BatchTransform:
+        """The same normalization, no random augmentation (and no draw from this transform's generator)."""
+        plain = copy.copy(self)
+        plain.augment = False
+        return plain
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

@@ -15,6 +15,7 @@ import torch
 
 from ..accounting import COUNTERS, TIMERS
 from ..checkpoints import RANK_STATE_FILE, STATE_FILE, atomic_save
+from ..reference import IrreducibleLosses
 from . import run_record
 from .engine import SelectionEngine
 from .epoch_plan import EpochPlan
@@ -35,6 +36,8 @@ def save(engine: SelectionEngine, folder: str, should_save: bool) -> None:
             "plan": None if engine.plan is None else engine.plan.state_dict(),
             "world_size": engine.accelerator.num_processes,
             "run": engine.run,
+            # Scored once before training ('rholoss'): a resumed run must not score it again.
+            "irreducible": None if engine.irreducible is None else engine.irreducible.state_dict(),
         }
         atomic_save(shared, os.path.join(folder, STATE_FILE))
     atomic_save(
@@ -64,6 +67,13 @@ def load(engine: SelectionEngine, checkpoint: str, ignore_data_skip: bool = Fals
     run_record.check(shared.get("run"), engine.run, checkpoint)
     engine.selector.load_state_dict(shared["selector"])
     engine.store.load_state_dict(shared["store"])
+    if engine.selector.uses_reference_losses:
+        if shared.get("irreducible") is None:
+            raise ValueError(
+                f"{checkpoint} holds no irreducible losses, which --sb_strategy rholoss needs: it was saved by a run "
+                "of another strategy; resume it with that strategy"
+            )
+        engine.irreducible = IrreducibleLosses.from_state_dict(shared["irreducible"])
     engine.epoch = shared["epoch"]
     plan = None if shared["plan"] is None else EpochPlan.from_state_dict(shared["plan"])
     # Rows of the epoch's (planned) order that all processes together had read.

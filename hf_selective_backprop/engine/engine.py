@@ -23,6 +23,7 @@ from transformers.trainer_utils import has_length
 from .. import distributed
 from ..accounting import SelectionStats
 from ..queue import BatchQueue
+from ..reference import IrreducibleLosses
 from ..schedule import in_selection_window, is_interrupt_step
 from ..scoring import SelectionScorer
 from ..selectors import Selector
@@ -56,6 +57,8 @@ class SelectionEngine:
         self.index_column = args.sb_index_column
         self.queue = BatchQueue(**(padding or {}))
         self.store = LossStore()
+        #: Irreducible loss per example id ('rholoss'): set by the trainer before training or from a checkpoint.
+        self.irreducible: IrreducibleLosses | None = None
         self.stats = SelectionStats()
         self.generator = torch.Generator().manual_seed(args.seed + 1_000_003 * args.process_index)
         self.sampler: PlannedSampler | None = None
@@ -139,7 +142,7 @@ class SelectionEngine:
 
     def _make_plan(self, epoch: int) -> EpochPlan | None:
         ids = self.sampler.ids_by_position
-        stored, _ = self.store.lookup(ids)
+        stored = self._ranked(ids, self.store.lookup(ids)[0])
         # Seeded by the epoch alone: a resumed or re-launched run draws the same plan.
         generator = torch.Generator().manual_seed(self.args.seed * 1_000_033 + epoch)
         with self.stats.timer("selection_overhead_seconds"):
@@ -289,12 +292,12 @@ class SelectionEngine:
         losses = self.losses_for(batch, model)
         with self.stats.timer("selection_overhead_seconds"):
             losses = losses.cpu()
+            # A stream without ids gathers placeholder ids: only the losses are used then.
+            ids = batch.get(self.index_column, torch.zeros(size, dtype=torch.int64)).cpu()
             population = None
             if self.args.sb_history_scope == "global":
-                # A stream without ids gathers placeholder ids: only the losses are used here.
-                ids = batch.get(self.index_column, torch.zeros(size, dtype=torch.int64))
-                population = distributed.gather_pairs(self.accelerator, ids, losses)[1]
-            selection = self.selector.select(losses, self.generator, population=population)
+                population = self._ranked(*distributed.gather_pairs(self.accelerator, ids, losses))
+            selection = self.selector.select(self._ranked(ids, losses), self.generator, population=population)
             self.stats.considered += size
             self.stats.kept += selection.indices.numel()
             nonfinite = int((~torch.isfinite(losses)).sum())
@@ -305,6 +308,12 @@ class SelectionEngine:
             if selection.weights is not None:
                 rows[WEIGHT_KEY] = selection.weights.to(_batch_device(batch))
         self._push(rows)
+
+    def _ranked(self, ids: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
+        """What the strategy ranks: the losses, or for 'rholoss' the reducible losses (minus irreducible ones)."""
+        if not self.selector.uses_reference_losses:
+            return losses
+        return self.irreducible.reducible(ids.cpu(), losses.cpu())
 
     def _push(self, rows: dict) -> None:
         if self.selector.produces_weights and WEIGHT_KEY not in rows:

@@ -11,6 +11,7 @@ from .kath18 import Kath18Selector
 from .percentile import PercentileSelector
 from .registry import build_selector, register_strategy, strategy_names
 from .reweighted import ReweightedPercentileSelector
+from .rholoss import RhoLossCDFSelector, RhoLossSelector
 from .topk import TopKSelector, keep_count
 from .uniform import UniformSelector
 
@@ -20,6 +21,8 @@ __all__ = [
     "Kath18Selector",
     "PercentileSelector",
     "ReweightedPercentileSelector",
+    "RhoLossCDFSelector",
+    "RhoLossSelector",
     "Selection",
     "Selector",
     "TopKSelector",
@@ -49,3 +52,10 @@ register_strategy(
 register_strategy(
     "infobatch", lambda args: InfoBatchSelector(args.sb_prune_ratio, args.sb_anneal_delta, args.num_train_epochs)
 )
+
+
+@register_strategy("rholoss")
+def _rholoss(args) -> Selector:
+    if args.sb_rho_rule == "cdf":
+        return RhoLossCDFSelector(args.sb_beta_value, args.sb_history_size, args.sb_min_prob)
+    return RhoLossSelector(args.sb_keep_fraction)

@@ -41,6 +41,9 @@ class Selector:
     #: True for strategies that read each example's latest training-forward loss (``plan_epoch``'s
     #: ``stored_losses``), so the trainer records it even without Stale-SB.
     uses_stored_losses: bool = False
+    #: True for strategies that rank reducible losses (loss minus the example's irreducible loss from a
+    #: reference model): the engine then passes reducible losses wherever losses are passed.
+    uses_reference_losses: bool = False
 
     def select(
         self,

@@ -1,0 +1,261 @@
+"""Irreducible losses for RHO-LOSS: one float per training example, from a reference model or a column.
+
+RHO-LOSS (Mindermann et al., ICML 2022) trains a small reference model on a holdout split and takes
+its loss on each training example as that example's *irreducible* loss. Here the reference model
+scores the whole training set once, before the first step (eval mode, no gradients, no
+augmentation, each process its share through Accelerate), and the table is saved with every
+checkpoint so a resumed run never scores it again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from . import distributed
+from .indexing import IndexedDataset
+from .losses import logits_of, per_example_loss_for
+from .scoring import SelectionScorer
+
+MODEL_FLAG = "--sb_reference_model"
+COLUMN_FLAG = "--sb_reference_column"
+
+
+class IrreducibleLosses:
+    """The irreducible loss of every example, indexed by its id (NaN where none is known)."""
+
+    def __init__(self, losses: torch.Tensor):
+        self.losses = losses.detach().to("cpu", torch.float32)
+
+    @classmethod
+    def from_pairs(cls, ids: torch.Tensor, losses: torch.Tensor) -> IrreducibleLosses:
+        ids = ids.reshape(-1).to("cpu", torch.int64)
+        table = torch.full((int(ids.max()) + 1 if ids.numel() else 0,), float("nan"))
+        table[ids] = losses.reshape(-1).to("cpu", torch.float32)
+        return cls(table)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.reshape(-1).to("cpu", torch.int64)
+        known = ids < self.losses.numel()
+        out = torch.full(ids.shape, float("nan"))
+        out[known] = self.losses[ids[known]]
+        return out
+
+    def reducible(self, ids: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
+        """``losses`` (CPU, one per id) minus the ids' irreducible losses."""
+        return losses.float() - self.lookup(ids)
+
+    def check_covers(self, ids: torch.Tensor, source: str) -> None:
+        """Every training id needs a finite irreducible loss: a NaN would silently never be selected."""
+        missing = ~torch.isfinite(self.lookup(ids))
+        if bool(missing.any()):
+            bad = ids.reshape(-1)[missing][:5].tolist()
+            raise ValueError(
+                f"{source} gives no finite irreducible loss for {int(missing.sum())} of {ids.numel()} training "
+                f"examples (ids {bad}{' ...' if int(missing.sum()) > 5 else ''}): rholoss ranks every example by "
+                "its loss minus its irreducible loss, so each needs one"
+            )
+
+    def state_dict(self) -> dict:
+        return {"losses": self.losses.clone()}
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> IrreducibleLosses:
+        return cls(state["losses"])
+
+
+@dataclass
+class ReferencePass:
+    """What scoring the training set with the reference model cost, on this process."""
+
+    table: IrreducibleLosses
+    forwards: int
+    seconds: float
+
+
+def from_column(dataset, column: str, ids: torch.Tensor) -> IrreducibleLosses:
+    """Irreducible losses held in ``column`` of a `datasets.Dataset`, one per row, keyed by ``ids``."""
+    names = getattr(dataset, "column_names", None)
+    if names is None:
+        raise ValueError(
+            f"{COLUMN_FLAG} {column!r} needs a datasets.Dataset training set (this one is "
+            f"{type(dataset).__name__}); pass --sb_reference_model instead, or a datasets.Dataset"
+        )
+    if column not in names:
+        raise ValueError(f"{COLUMN_FLAG} {column!r} is not a column of the training dataset; its columns: {names}")
+    values = dataset.with_format("arrow")[column]
+    if values.null_count:
+        rows = [i for i, value in enumerate(values.to_pylist()) if value is None][:5]
+        raise ValueError(f"{COLUMN_FLAG} {column!r}: no value at row(s) {rows}; every row needs its irreducible loss")
+    try:
+        losses = torch.as_tensor(values.to_numpy(zero_copy_only=False).astype("float32"))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"{COLUMN_FLAG} {column!r} must hold one float per row, got {values.type}") from error
+    if losses.ndim != 1:
+        raise ValueError(f"{COLUMN_FLAG} {column!r} must hold one float per row, got shape {tuple(losses.shape)}")
+    bad = ~torch.isfinite(losses)
+    if bool(bad.any()):
+        rows = bad.nonzero().squeeze(1)[:5].tolist()
+        raise ValueError(
+            f"{COLUMN_FLAG} {column!r} holds NaN or inf at row(s) {rows}; irreducible losses must be finite"
+        )
+    return IrreducibleLosses.from_pairs(ids, losses)
+
+
+def load_reference_model(path: str) -> torch.nn.Module:
+    """The model saved in ``path`` (a ``save_pretrained`` folder), by the architecture its config names."""
+    import transformers
+
+    config_file = os.path.join(path, "config.json")
+    if not os.path.isfile(config_file):
+        raise ValueError(
+            f"{MODEL_FLAG} {path!r} has no config.json: it is not a folder save_pretrained wrote; pass the "
+            "reference run's --output_dir (or one of its checkpoint-N folders)"
+        )
+    with open(config_file) as handle:
+        architectures = json.load(handle).get("architectures") or []
+    model_class = getattr(transformers, architectures[0], None) if architectures else None
+    if model_class is None:
+        raise ValueError(
+            f"{MODEL_FLAG} {path!r}: its config names architecture {architectures[:1] or 'none'}, which "
+            "transformers does not provide; load the model yourself and pass "
+            "SelectiveBackpropTrainer(reference_model=...)"
+        )
+    return model_class.from_pretrained(path)
+
+
+def check_fits(reference: torch.nn.Module, model: torch.nn.Module, source: str) -> None:
+    """Refuse a reference model of another label count or input size before anything runs."""
+    ours, theirs = getattr(model, "config", None), getattr(reference, "config", None)
+    if ours is None or theirs is None:
+        return  # plain modules: the first batch's logits are compared in `compute`
+    if getattr(ours, "num_labels", None) != getattr(theirs, "num_labels", None) and _is_classifier(model):
+        raise ValueError(
+            f"{source} has {theirs.num_labels} labels and the model being trained {ours.num_labels}: the reference "
+            "must be trained on the same labels"
+        )
+    size = _input_size(ours), _input_size(theirs)
+    if None not in size and size[0] != size[1]:
+        raise ValueError(
+            f"{source} was built for inputs of size {size[1]} and the model being trained for {size[0]}: train the "
+            "reference on images of the training size"
+        )
+
+
+def _is_classifier(model) -> bool:
+    return type(model).__name__.endswith(("ForImageClassification", "ForSequenceClassification"))
+
+
+def _input_size(config) -> tuple | None:
+    pretrained = getattr(config, "pretrained_cfg", None) or {}
+    size = pretrained.get("input_size") if isinstance(pretrained, dict) else None
+    return tuple(size) if size is not None else None
+
+
+def unaugmented(dataset):
+    """``dataset`` as evaluation sees it: an image dataset's copy without random augmentation."""
+    if isinstance(dataset, IndexedDataset):
+        return IndexedDataset(unaugmented(dataset.dataset), dataset.column)
+    view = getattr(dataset, "without_augmentation", None)
+    return view() if callable(view) else dataset
+
+
+def compute(trainer, reference: torch.nn.Module, source: str, loss_fn=None) -> ReferencePass:
+    """Score every training example once with ``reference`` (a collective: call on every process).
+
+    ``loss_fn`` is the trainer's ``per_example_loss_func`` when the user gave one, else the automatic
+    per-example loss of the reference model is used.
+
+    Runs inside `torch.random.fork_rng`, so the main run draws the same random numbers (data
+    order, dropout) as without the pass.
+    """
+    args, accelerator = trainer.args, trainer.accelerator
+    column = args.sb_index_column
+    if loss_fn is None:
+        loss_fn = per_example_loss_for(reference, label_smoothing=_smoothing(trainer), label_name=trainer.label_name)
+    scorer = SelectionScorer(loss_fn, label_name=trainer.label_name, mode="eval")
+    reference = reference.to(args.device)
+    loader = _loader(trainer, unaugmented(trainer.train_dataset))
+    ids, losses, forwards = [], [], 0
+    start = time.perf_counter()
+    devices = [args.device] if args.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        for batch in tqdm(loader, desc="Reference losses", disable=not args.should_log or args.disable_tqdm):
+            batch = dict(batch)
+            batch_ids = batch.pop(column)
+            if forwards == 0:
+                _check_first_batch(trainer, reference, batch, source)
+            batch_losses = _score(scorer, reference, batch, source)
+            forwards += batch_ids.shape[0]
+            all_ids, all_losses = distributed.gather_pairs(accelerator, batch_ids, batch_losses)
+            ids.append(all_ids.cpu())
+            losses.append(all_losses.cpu())
+    table = IrreducibleLosses.from_pairs(torch.cat(ids), torch.cat(losses))
+    return ReferencePass(table, forwards, time.perf_counter() - start)
+
+
+def _smoothing(trainer) -> float:
+    # The reducible loss subtracts two losses of one kind: the reference's gets the training loss's smoothing.
+    return trainer.label_smoother.epsilon if trainer.label_smoother is not None else 0.0
+
+
+def _loader(trainer, dataset) -> DataLoader:
+    # Not get_eval_dataloader: it would cache this loader as the evaluation one (persistent workers) and
+    # honour dataloader_drop_last, leaving the dropped rows without an irreducible loss.
+    description = "Reference losses"
+    collator = trainer.data_collator
+    if hasattr(dataset, "column_names"):
+        dataset = trainer._remove_unused_columns(dataset, description=description)
+    else:
+        collator = trainer._get_collator_with_removed_columns(collator, description=description)
+    loader = DataLoader(
+        dataset,
+        batch_size=trainer.args.eval_batch_size,
+        collate_fn=collator,
+        num_workers=trainer.args.dataloader_num_workers,
+        pin_memory=trainer.args.dataloader_pin_memory,
+    )
+    return trainer.accelerator.prepare(loader)
+
+
+def _check_first_batch(trainer, reference: torch.nn.Module, batch: dict, source: str) -> None:
+    """The reference's outputs must have the trained model's shape (a plain module has no config to compare)."""
+    inputs = {k: v for k, v in batch.items() if k != trainer.label_name}
+    model = trainer.model
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            expected = logits_of(model(**inputs)).shape[1:]
+            got = logits_of(_forward(reference, inputs, source)).shape[1:]
+    finally:
+        model.train(was_training)
+    if expected != got:
+        raise ValueError(
+            f"{source} outputs logits of shape {tuple(got)} per example and the model being trained {tuple(expected)}: "
+            "the reference must predict the same labels from the same inputs"
+        )
+
+
+def _forward(reference: torch.nn.Module, inputs: dict, source: str):
+    reference.eval()
+    try:
+        return reference(**inputs)
+    except (RuntimeError, AssertionError, TypeError) as error:
+        raise ValueError(
+            f"{source} cannot take the training inputs ({type(error).__name__}: {error}); the reference must take "
+            "the same inputs (image size, channels, tokenizer) as the model being trained"
+        ) from error
+
+
+def _score(scorer: SelectionScorer, reference: torch.nn.Module, batch: dict, source: str) -> torch.Tensor:
+    try:
+        return scorer(reference, batch)
+    except (RuntimeError, AssertionError) as error:
+        raise ValueError(f"{source} failed on the training inputs ({type(error).__name__}: {error})") from error

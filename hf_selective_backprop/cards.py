@@ -41,6 +41,8 @@ STATS_KEYS = (
     "kept_fraction",
     "train_seconds",
     "examples_seen",
+    "reference_forwards",
+    "reference_seconds",
 )
 MISSING = "n/a"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -117,6 +119,7 @@ def render_model_card(
         full_pass_backwards=_format(full_pass),
         num_train_examples=_format(num_train_examples),
         strategy=getattr(args, "sb_strategy", MISSING),
+        reference_model=_reference_model(args),
         sb_settings={name: _cell(value) for name, value in sb_settings(args).items()},
         hyperparameters=dict(hyperparameters or {}),
         eval_table=_markdown_table(eval_lines),
@@ -214,6 +217,17 @@ def sb_settings(args: object) -> dict[str, object]:
     names = sorted(name for name in dir(args) if name.startswith("sb_"))
     settings = {name: getattr(args, name) for name in names}
     return {name: value for name, value in settings.items() if not callable(value)}
+
+
+def _reference_model(args) -> str | None:
+    """What gave a 'rholoss' run its irreducible losses, for the card."""
+    if getattr(args, "sb_strategy", None) != "rholoss":
+        return None
+    if args.sb_reference_model is not None:
+        return f"`{args.sb_reference_model}`"
+    if args.sb_reference_column is not None:
+        return f"column `{args.sb_reference_column}` of the training data"
+    return "a reference model passed to the trainer"
 
 
 def _last_logged(trainer, key: str) -> float | None:

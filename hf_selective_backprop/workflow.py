@@ -21,6 +21,8 @@ from .models import ModelArguments, build_model
 from .trainer import SelectiveBackpropTrainer
 
 logger = logging.getLogger(__name__)
+#: The ids --holdout_fraction set aside, written into --output_dir.
+HOLDOUT_FILE = "holdout.json"
 
 
 @dataclass
@@ -32,6 +34,19 @@ class RunResult:
     stats: dict
     output_dir: str
     eval_history: list[dict] = field(default_factory=list)
+
+
+def write_holdout(data_args: DataArguments, holdout_ids, path: str) -> None:
+    """Which rows were held out and which side the run trained on: enough to redraw the split and check it."""
+    record = {
+        "holdout_fraction": data_args.holdout_fraction,
+        "holdout_seed": data_args.holdout_seed,
+        "train_on": data_args.train_on,
+        "max_train_samples": data_args.max_train_samples,
+        "holdout_ids": holdout_ids.tolist(),
+    }
+    with open(path, "w") as handle:
+        json.dump(record, handle)
 
 
 def check_output_dir(path: str) -> None:
@@ -137,7 +152,9 @@ def train_image_classifier(
         eval_dataset=data.eval,
         compute_metrics=compute_metrics,
     )
-    trainer.train(resume_from_checkpoint=checkpoint)
+    train_output = trainer.train(resume_from_checkpoint=checkpoint)
+    # As the Hugging Face example scripts do: train_results.json, read by the benchmarks for a reference's cost.
+    trainer.save_metrics("train", train_output.metrics)
     stats = training_costs(trainer)
 
     metrics = trainer.evaluate() if data.eval is not None else {}
@@ -148,6 +165,8 @@ def train_image_classifier(
         trainer.create_model_card(**card)
         if len(data.train.noisy_indices):
             data.train.noisy_indices.numpy().tofile(os.path.join(config.output_dir, "noisy_indices.int64"))
+        if data.holdout_ids is not None:
+            write_holdout(data_args, data.holdout_ids, os.path.join(config.output_dir, HOLDOUT_FILE))
     if config.push_to_hub:
         name = hub_dataset_id(data.dataset_id) or data.spec.name
         trainer.push_to_hub(commit_message=f"{config.sb_strategy} on {name}", **card)

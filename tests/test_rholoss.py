@@ -4,6 +4,7 @@ its defence against mislabeled examples, resume, and the errors of a reference t
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 import torch
@@ -277,3 +278,37 @@ def test_a_reference_module_with_other_outputs_fails_before_the_first_step(outpu
     with pytest.raises(ValueError, match=r"reference_model outputs logits of shape \(4,\) .* \(3,\)"):
         trainer.train()
     assert trainer.state.global_step == 0
+
+
+# ---- the workflow: a reference trained on a holdout, a main run on the rest ---------------------
+
+
+def test_a_reference_trained_on_a_holdout_scores_the_rest_of_the_data(tmp_path):
+    from test_workflow import run_digits
+
+    from hf_selective_backprop.data import DataArguments, load_image_data
+
+    split = dict(holdout_fraction=0.25, holdout_seed=3, label_noise=0.2, label_noise_seed=1, eval_strategy="no",
+                 num_train_epochs=1, max_train_samples=256, model="test_resnet")
+    reference_dir = tmp_path / "reference"
+    run_digits(str(reference_dir), sb_strategy="none", train_on="holdout", **split)
+    main_dir = tmp_path / "main"
+    result, data_args = run_digits(str(main_dir), sb_strategy="rholoss", sb_beta=None, sb_keep=0.5,
+                                   sb_reference_model=str(reference_dir), **split)
+
+    held = json.loads((reference_dir / "holdout.json").read_text())
+    main_record = json.loads((main_dir / "holdout.json").read_text())
+    assert held["holdout_ids"] == main_record["holdout_ids"] and len(held["holdout_ids"]) == 64
+    assert (held["train_on"], main_record["train_on"]) == ("holdout", "rest")
+    rest = load_image_data(data_args).train
+    holdout = load_image_data(DataArguments(**{**vars(data_args), "train_on": "holdout"})).train
+    # Disjoint and together the first 256 rows; the label noise is the same on both sides.
+    assert set(rest.index.tolist()).isdisjoint(holdout.index.tolist())
+    assert sorted(rest.index.tolist() + holdout.index.tolist()) == list(range(256))
+    assert holdout.index.tolist() == held["holdout_ids"]
+    assert len(rest.noisy_indices) + len(holdout.noisy_indices) == round(0.2 * 256)
+
+    assert result.stats["reference_forwards"] == 192  # every row of the rest, scored once
+    assert json.loads((reference_dir / "train_results.json").read_text())["train_runtime"] > 0
+    card = (main_dir / "README.md").read_text()
+    assert str(reference_dir) in card and "reference" in card.lower()

@@ -52,6 +52,23 @@ class DataArguments:
         metadata={"help": "Fraction in [0, 1) of training labels flipped to a random other class."},
     )
     label_noise_seed: int = field(default=0, metadata={"help": "Seed choosing the flipped labels."})
+    holdout_fraction: float = field(
+        default=0.0,
+        metadata={
+            "help": "Fraction in [0, 1) of the training rows (the first --max_train_samples, after label noise) set "
+            "aside as a holdout, drawn with --holdout_seed. A run trains on the rest, or on the holdout alone with "
+            "--train_on holdout (e.g. a RHO-LOSS reference model for --sb_reference_model): two runs with the same "
+            "two flags never share a training row."
+        },
+    )
+    holdout_seed: int = field(default=0, metadata={"help": "Seed choosing the holdout rows."})
+    train_on: str = field(
+        default="rest",
+        metadata={
+            "help": "With --holdout_fraction: 'rest' trains on the rows outside the holdout, 'holdout' on the holdout.",
+            "choices": ["rest", "holdout"],
+        },
+    )
     image_size: int | None = field(
         default=None, metadata={"help": "Resize every image to this square size (default: native size)."}
     )
@@ -75,6 +92,12 @@ class DataArguments:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"--{name} must be >= 1, got {value}")
+        if not 0.0 <= self.holdout_fraction < 1.0:
+            raise ValueError(f"--holdout_fraction must be in [0, 1), got {self.holdout_fraction}")
+        if self.train_on not in ("rest", "holdout"):
+            raise ValueError(f"--train_on must be 'rest' or 'holdout', got {self.train_on!r}")
+        if self.train_on == "holdout" and not self.holdout_fraction:
+            raise ValueError("--train_on holdout needs a --holdout_fraction > 0 (the share of rows held out)")
         if self.cutout is not None and self.cutout < 0:
             raise ValueError(f"--cutout must be >= 0, got {self.cutout}")
         if self.eval_split is not None and self.eval_split.lower() in ("", "none"):

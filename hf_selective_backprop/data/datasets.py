@@ -12,7 +12,7 @@ import torch
 
 from .arguments import DataArguments
 from .decode import decode_images
-from .noise import flip_labels
+from .noise import flip_labels, holdout_positions
 from .sources import open_source
 from .specs import DatasetSpec
 from .transforms import BatchTransform
@@ -109,6 +109,8 @@ class ImageClassificationData:
     spec: DatasetSpec
     #: Where the data came from (Hub id, folder or scikit-learn), for logs and model cards.
     source: str
+    #: Ids of the rows --holdout_fraction set aside (None without a holdout).
+    holdout_ids: torch.Tensor | None = None
 
     @property
     def num_labels(self) -> int:
@@ -160,7 +162,16 @@ def load_image_data(args: DataArguments, seed: int = 0) -> ImageClassificationDa
         seed=seed,
     )
     # First N rows of the split, so ids are 0..N-1 and equal positions in the original split.
-    train = ImageTensorDataset(train_images, train_labels, train_transform, torch.arange(len(train_images)))
+    ids = torch.arange(len(train_images))
+    holdout = None
+    if args.holdout_fraction:
+        holdout = holdout_positions(len(ids), args.holdout_fraction, args.holdout_seed)
+        rows = holdout if args.train_on == "holdout" else ids[~torch.isin(ids, holdout)]
+        logger.info("holdout: %d of %d rows held out; training on %d (%s)", len(holdout), len(ids), len(rows),
+                    args.train_on)
+        train_images, train_labels, ids = train_images[rows], train_labels[rows], ids[rows]
+        noisy = noisy[torch.isin(noisy, ids)]
+    train = ImageTensorDataset(train_images, train_labels, train_transform, ids)
     train.noisy_indices = noisy
 
     evaluation = None
@@ -172,6 +183,7 @@ def load_image_data(args: DataArguments, seed: int = 0) -> ImageClassificationDa
         )
     return ImageClassificationData(
         train=train,
+        holdout_ids=holdout,
         eval=evaluation,
         label_names=label_names,
         mean=mean,

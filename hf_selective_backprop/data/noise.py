@@ -1,4 +1,4 @@
-"""Symmetric label noise: the paper's robustness experiment (1 %, 10 %, 20 % flipped)."""
+"""Symmetric label noise (the paper's robustness experiment: 1 %, 10 %, 20 % flipped) and holdout splits."""
 
 from __future__ import annotations
 
@@ -26,3 +26,19 @@ def flip_labels(
     noisy = labels.clone()
     noisy[flipped] = (labels[flipped] + shift) % num_classes
     return noisy, flipped
+
+
+def holdout_positions(size: int, fraction: float, seed: int) -> torch.Tensor:
+    """Sorted positions of ``round(fraction * size)`` rows drawn without replacement with ``seed``.
+
+    The same arguments always give the same rows, so a reference model trained on them and a main
+    run trained on the others never share a row.
+    """
+    count = round(fraction * size)
+    if fraction and not 0 < count < size:
+        raise ValueError(
+            f"--holdout_fraction {fraction} of {size} training rows holds out {count}: both the holdout and the rest "
+            "need at least one row"
+        )
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randperm(size, generator=generator)[:count].sort().values

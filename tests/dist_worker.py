@@ -163,6 +163,13 @@ class RecordingTrainer(SelectiveBackpropTrainer):
     engine_class = RecordingEngine
 
 
+def _reference() -> TinyMLP:
+    """Another initialisation, drawn without touching the run's own random state."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        return TinyMLP()
+
+
 def weighted_loss_check(trainer, dataset, rank: int) -> dict:
     """The loss with all-one selection weights next to the model's own loss on the same rows.
 
@@ -198,6 +205,7 @@ def main() -> None:
     parser.add_argument("--resume", default=None)
     parser.add_argument("--augment", action="store_true")
     parser.add_argument("--text", action="store_true", help="a tiny BERT on padded sentences of varying length")
+    parser.add_argument("--reference", action="store_true", help="'rholoss': a second TinyMLP as reference model")
     args = parser.parse_args()
 
     rank = int(os.environ.get("RANK", "0"))
@@ -239,6 +247,7 @@ def main() -> None:
         train_dataset=dataset,
         data_collator=collator,
         per_example_loss_func=loss_func,
+        reference_model=_reference() if args.reference else None,
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -265,6 +274,7 @@ def main() -> None:
         "rows_per_epoch": trainer._plan.rows_per_epoch,
         "warnings": [str(w.message) for w in caught],
         "augmentation": collator.transform.generator.get_state() if args.augment else None,
+        "irreducible": trainer.engine.irreducible.losses if args.reference else None,
     }
     if not args.text:
         result["weighted_loss"] = weighted_loss_check(trainer, dataset, rank)  # after the store is copied

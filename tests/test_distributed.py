@@ -312,3 +312,16 @@ def test_text_rows_of_different_lengths_keep_two_processes_in_lockstep(tmp_path)
     assert stats["selection_forwards"] == 2 * EXAMPLES
     assert 0 < stats["backwards"] <= stats["kept"] < 2 * EXAMPLES
     assert {r["sb_stats"]["backwards"] for r in ranks} == {stats["backwards"]}
+
+
+def test_rholoss_scores_the_reference_once_and_keeps_two_processes_in_lockstep(tmp_path):
+    ranks = _launch(tmp_path, ["--strategy", "rholoss", "--reference", "--keep", "0.5", "--staleness", "2",
+                               "--epochs", "3"])
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
+    assert _same_weights(ranks[0]["weights"], ranks[1]["weights"])
+    # Each rank scored its share; both hold every example's irreducible loss.
+    assert torch.equal(ranks[0]["irreducible"], ranks[1]["irreducible"])
+    assert ranks[0]["irreducible"].numel() == EXAMPLES and torch.isfinite(ranks[0]["irreducible"]).all()
+    stats = _stats_json(tmp_path)
+    assert stats["reference_forwards"] == EXAMPLES
+    assert stats["examples_seen"] == 3 * EXAMPLES and stats["stale_lookups"] == EXAMPLES

@@ -312,3 +312,36 @@ def test_a_reference_trained_on_a_holdout_scores_the_rest_of_the_data(tmp_path):
     assert json.loads((reference_dir / "train_results.json").read_text())["train_runtime"] > 0
     card = (main_dir / "README.md").read_text()
     assert str(reference_dir) in card and "reference" in card.lower()
+
+
+def test_the_benchmark_counts_the_reference_models_training_and_pass_in_the_strategys_time(tmp_path):
+    from test_workflow import run_digits
+
+    from hf_selective_backprop.benchmarks.runner import RunSettings, run_strategy
+    from hf_selective_backprop.benchmarks.strategies import build_strategy
+    from hf_selective_backprop.benchmarks.workloads import image_workload
+    from hf_selective_backprop.data import DataArguments
+
+    split = dict(holdout_fraction=0.25, holdout_seed=0, max_train_samples=128, image_size=16)
+    reference_dir = tmp_path / "reference"
+    run_digits(str(reference_dir), sb_strategy="none", train_on="holdout", eval_strategy="no", num_train_epochs=1,
+               model="test_resnet", **split)
+    trained = json.loads((reference_dir / "train_results.json").read_text())["train_runtime"]
+
+    data_args = DataArguments(dataset="digits", max_eval_samples=64, **split)
+    workload = image_workload(data_args, ModelArguments(model="test_resnet"), seed=0)
+    strategy = build_strategy("rholoss", 0.5, 2, 0, reference_model=str(reference_dir))
+    settings = RunSettings(output_dir=str(tmp_path / "bench"), num_train_epochs=1, batch_size=16, eval_batch_size=64)
+    log = run_strategy(strategy, workload, settings, 1)
+
+    cost = log["reference"]
+    assert cost["training_seconds"] == pytest.approx(trained)
+    assert cost["scoring_seconds"] == log["stats"]["reference_seconds"] > 0
+    assert cost["seconds"] == pytest.approx(cost["training_seconds"] + cost["scoring_seconds"])
+    assert cost["trained_on"] == {"holdout_fraction": 0.25, "holdout_seed": 0, "train_on": "holdout",
+                                  "max_train_samples": 128, "rows": 32}
+    # The clock starts when training does, after the reference pass: the whole reference cost is added.
+    assert log["train_wall_seconds"] > cost["seconds"] and log["evals"][-1]["train_wall_seconds"] > cost["seconds"]
+    assert log["train_examples"] == 96 and log["stats"]["reference_forwards"] == 96
+    with pytest.raises(ValueError, match="'rholoss' needs --reference_model"):
+        build_strategy("rholoss", 0.5, 2, 0)

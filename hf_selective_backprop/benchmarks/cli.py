@@ -25,7 +25,8 @@ class BenchmarkArguments:
         default=",".join(DEFAULT_STRATEGIES),
         metadata={
             "help": "Comma-separated: traditional, sb, stale-sb, sb-warmup, kath18, composer, uniform, topk, "
-            "infobatch, infobatch-r<ratio>, sb-anneal, sb-anneal-floor, sb-anneal-weighted, stale-sb-anneal."
+            "infobatch, infobatch-r<ratio>, rholoss, rholoss-cdf, sb-anneal, sb-anneal-floor, sb-anneal-weighted, "
+            "stale-sb-anneal."
         },
     )
     protocol: str = field(
@@ -40,6 +41,13 @@ class BenchmarkArguments:
     num_train_epochs: float = field(default=10.0, metadata={"help": "Epochs of every run (paper protocol)."})
     keep: float = field(default=1.0 / 3.0, metadata={"help": "Kept fraction of every selection strategy (sb_keep)."})
     staleness: int = field(default=3, metadata={"help": "n of stale-sb."})
+    reference_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "rholoss / rholoss-cdf: folder of the reference model (scripts/train.py --train_on holdout). Its "
+            "training time (train_results.json) and its pass over the data count in the strategy's time."
+        },
+    )
     warmup_epochs: int | None = field(
         default=None, metadata={"help": "Full-data epochs of sb-warmup (default: half of --num_train_epochs)."}
     )
@@ -104,7 +112,7 @@ class BenchmarkArguments:
     def strategy_list(self) -> list[Strategy]:
         warmup = self.warmup_epochs if self.warmup_epochs is not None else int(self.num_train_epochs // 2)
         names = [n.strip() for n in self.strategies.split(",") if n.strip()]
-        return [build_strategy(n, self.keep, self.staleness, warmup) for n in names]
+        return [build_strategy(n, self.keep, self.staleness, warmup, self.reference_model) for n in names]
 
 
 def paper_strategies(paper_dir: str, strategies: list[Strategy]) -> list[Strategy]:

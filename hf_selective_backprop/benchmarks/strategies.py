@@ -14,6 +14,9 @@ ANNEALED = {
     "stale-sb-anneal": ("Stale-SB (n={n}) keep {keep:.2f}, annealed", {"sb_staleness": None}),
 }
 
+#: RHO-LOSS strategies: name -> (--sb_rho_rule, label).
+RHO_RULES = {"rholoss": ("topk", "RHO-LOSS"), "rholoss-cdf": ("cdf", "RHO-LOSS, SB's CDF rule")}
+
 
 @dataclass(frozen=True)
 class Strategy:
@@ -27,8 +30,11 @@ class Strategy:
         return int(self.overrides.get("sb_staleness", 1))
 
 
-def build_strategy(name: str, keep: float, staleness: int, warmup_epochs: int) -> Strategy:
-    """`name` is one of traditional, sb, stale-sb, kath18, composer, uniform, topk, sb-warmup."""
+def build_strategy(
+    name: str, keep: float, staleness: int, warmup_epochs: int, reference_model: str | None = None
+) -> Strategy:
+    """`name` is one of traditional, sb, stale-sb, kath18, composer, uniform, topk, sb-warmup, rholoss,
+    rholoss-cdf; the last two score with ``reference_model`` (a folder scripts/train.py wrote)."""
     if name == "traditional":
         return Strategy(name, "Traditional", {"sb_strategy": "none"})
     if name == "sb":
@@ -54,10 +60,16 @@ def build_strategy(name: str, keep: float, staleness: int, warmup_epochs: int) -
         if "sb_staleness" in overrides:
             overrides["sb_staleness"] = staleness
         return Strategy(name, ANNEALED[name][0].format(keep=keep, n=staleness), overrides)
+    if name in RHO_RULES:
+        if reference_model is None:
+            raise ValueError(f"strategy {name!r} needs --reference_model: the folder of a model trained on a holdout")
+        rule, label = RHO_RULES[name]
+        overrides = {"sb_strategy": "rholoss", "sb_keep": keep, "sb_rho_rule": rule}
+        return Strategy(name, label, {**overrides, "sb_reference_model": reference_model})
     if name in ("kath18", "composer", "uniform", "topk"):
         labels = {"kath18": "Kath18", "composer": "Composer", "uniform": "Uniform", "topk": "Top-k"}
         return Strategy(name, labels[name], {"sb_strategy": name, "sb_keep": keep})
     raise ValueError(
         f"unknown strategy {name!r}: choose from traditional, sb, stale-sb, sb-warmup, kath18, composer, uniform, "
-        f"topk, infobatch, infobatch-r<ratio>, {', '.join(ANNEALED)}"
+        f"topk, infobatch, infobatch-r<ratio>, {', '.join(RHO_RULES)}, {', '.join(ANNEALED)}"
     )

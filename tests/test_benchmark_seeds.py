@@ -58,3 +58,18 @@ def test_report_names_every_commit_and_every_modified_tree(tmp_path):
     assert f"{'a' * 10} (2), {'b' * 10} (1), {'c' * 10} (1)" in summary
     assert "Tree modified or unknown in: seed1/traditional." in summary
     assert "in every run" in summary and "2.14.1" in summary
+
+
+def test_a_reference_models_cost_gets_its_own_column_and_stays_in_the_training_time(tmp_path):
+    for seed, reference in ((1, 40.0), (2, 60.0)):
+        rho = log("rholoss", [0.4, 0.3], [70, 90])
+        rho["reference"] = {"seconds": reference}
+        write(tmp_path, seed, log("traditional", [0.5, 0.3], [50, 100]), rho)
+    rows = summarize_seeds(load_seeds(str(tmp_path)))
+    rho = next(row for row in rows if row["strategy"] == "rholoss")
+    assert rho["reference_seconds"] == pytest.approx((50.0, 200**0.5))
+    assert rho["train_seconds"] == pytest.approx((90.0, 0.0))  # the logged time, reference included
+    table = seeds_table(rows)
+    header, _, traditional, rholoss = table.splitlines()[:4]
+    assert header.endswith("reference model (s) |") and traditional.endswith("| - |")
+    assert rholoss.endswith("| 50 ± 14 |") and "include its reference model's training" in table

@@ -46,6 +46,8 @@ def summarize_seeds(seeds: dict[str, dict[str, dict]], clock: str = "wall") -> l
             "accuracy": _spread([100 * (1 - final_error(log)) for log, _ in runs]),
             "train_seconds": _spread([log[key] for log, _ in runs]),
             "kept_fraction": statistics.fmean(log["stats"].get("kept_fraction", 1.0) for log, _ in runs),
+            # RHO-LOSS: the reference model's training and pass, already inside train_seconds.
+            "reference_seconds": _spread(references) if (references := _reference_seconds(runs)) else None,
             "time_ratio": None,
             "to_target": {},
         }
@@ -71,6 +73,10 @@ def summarize_seeds(seeds: dict[str, dict[str, dict]], clock: str = "wall") -> l
     return rows
 
 
+def _reference_seconds(runs: list[tuple[dict, dict | None]]) -> list[float]:
+    return [log["reference"]["seconds"] for log, _ in runs if log.get("reference")]
+
+
 def _fmt(pair: tuple[float, float] | None, digits: int = 1, suffix: str = "") -> str:
     if pair is None:
         return "not reached"
@@ -83,7 +89,10 @@ def seeds_table(rows: list[dict], clock: str = "wall") -> str:
         + " | ".join(f"to {f:g}x Trad. error: speedup (reached)" for f in FACTORS)
         + " |"
     )
-    lines = [header, "|" + "---|" * (6 + len(FACTORS))]
+    with_reference = any(row.get("reference_seconds") for row in rows)
+    if with_reference:
+        header += " of the training time, reference model (s) |"
+    lines = [header, "|" + "---|" * (6 + len(FACTORS) + with_reference)]
     for row in rows:
         cells = [
             row["label"],
@@ -96,8 +105,16 @@ def seeds_table(rows: list[dict], clock: str = "wall") -> str:
         for factor in FACTORS:
             target = row["to_target"][factor]
             cells.append(f"{_fmt(target['speedup'], 2, 'x')} ({target['reached']}/{target['of']})")
+        if with_reference:
+            cells.append(_fmt(row["reference_seconds"], 0) if row.get("reference_seconds") else "-")
         lines.append("| " + " | ".join(cells) + " |")
     note = f"Mean ± standard deviation over seeds; {clock}-clock training time, evaluation excluded."
+    if with_reference:
+        note += (
+            " A RHO-LOSS run's training time and speedups include its reference model's training and its pass over "
+            "the data (last column); one reference can serve many runs, so its time without them is the training "
+            "time minus that column."
+        )
     return "\n".join(lines) + f"\n\n{note}\n"
 
 

@@ -31,9 +31,10 @@ INTRO = f"""# Flags: every `sb_*` field of `SelectiveBackpropConfig`
 dataclass field with a help string, so any `HfArgumentParser` script takes it as a command-line
 flag (`python scripts/train.py --help` lists them), and Python code passes it as a keyword
 argument (`SelectiveBackpropConfig(output_dir=..., sb_strategy="sb", sb_keep=0.5)`). Invalid values
-fail when the config is built, with the flag's name and the allowed range. Every
-`TrainingArguments` flag works as usual; [usage.md](usage.md) says which ones interact with
-selection (epochs, `max_steps`, the learning-rate schedule).
+fail when the config is built, with the flag's name and the allowed range. `TrainingArguments`'
+own flags work as usual, except length-grouped or rebalanced sampling
+(`--train_sampling_strategy group_by_length` or `batch_rebalance`), which selection refuses; [usage.md](usage.md#what-the-trainer-does-exactly)
+says how epochs, `max_steps` and the learning-rate schedule read under selection.
 
 Which strategy to pick: [the README's table](../README.md#which-strategy-when) and
 [strategies.md](strategies.md); the selection-pass options are measured in

@@ -18,7 +18,8 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from hf_selective_backprop.config import SelectiveBackpropConfig  # noqa: E402
+# The public name, so that moving config.py inside the package does not break the generator.
+from hf_selective_backprop import SelectiveBackpropConfig  # noqa: E402
 
 PAGE = os.path.join(ROOT, "docs", "flags.md")
 COMMAND = "python scripts/gen_flags_doc.py"
@@ -33,8 +34,9 @@ flag (`python scripts/train.py --help` lists them), and Python code passes it as
 argument (`SelectiveBackpropConfig(output_dir=..., sb_strategy="sb", sb_keep=0.5)`). Invalid values
 fail when the config is built, with the flag's name and the allowed range. `TrainingArguments`'
 own flags work as usual, except length-grouped or rebalanced sampling
-(`--train_sampling_strategy group_by_length` or `batch_rebalance`), which selection refuses; [usage.md](usage.md#what-the-trainer-does-exactly)
-says how epochs, `max_steps` and the learning-rate schedule read under selection.
+(`--train_sampling_strategy group_by_length` or `batch_rebalance`), which selection refuses;
+[usage.md](usage.md#what-the-trainer-does-exactly) says how epochs, `max_steps` and the
+learning-rate schedule read under selection.
 
 Which strategy to pick: [the README's table](../README.md#which-strategy-when) and
 [strategies.md](strategies.md); the selection-pass options are measured in

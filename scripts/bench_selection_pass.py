@@ -10,11 +10,15 @@ phi = selection time per example / training forward time per example; r = step /
 Part 2 (trainer throughput, runs alternated A B C D A B C D): `SelectiveBackpropTrainer` on a
 synthetic (or CIFAR-10) dataset of ``train_selection_batches x batch_size`` examples for
 'none' (Traditional), 'sb', 'sb' with the fastest selection option of part 1, and Stale-SB
-over ``staleness`` epochs. Reports examples consumed per second relative to Traditional next
-to the cost model's ideal (1+r) / (phi + s(1+r)) and (1+r) / (phi/n + s(1+r)), with the
-measured phi and r of part 1 and s = each run's trained fraction (backwards / examples).
+over ``staleness`` epochs, each trained and timed by the benchmark harness
+(`hf_selective_backprop.benchmarks.runner.time_training`: the time-to-accuracy runs'
+configuration and clock, from the training loop's start to the last epoch's end). Reports
+examples consumed per second relative to Traditional next to the cost model's ideal
+(1+r) / (phi + s(1+r)) and (1+r) / (phi/n + s(1+r)), with the measured phi and r of part 1 and
+s = each run's trained fraction (backwards / examples).
 
-    .venv/bin/python scripts/bench_selection_pass.py --output_dir benchmarks/results/selection-pass
+    python scripts/bench_selection_pass.py --data path/to/cifar10 --train_rounds 9 \
+        --output_dir benchmarks/results/selection-pass
 """
 
 from __future__ import annotations
@@ -25,7 +29,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -35,11 +38,13 @@ from dataclasses import asdict, dataclass, field
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
-from transformers import HfArgumentParser, TrainerCallback  # noqa: E402
+from transformers import HfArgumentParser  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer  # noqa: E402
+from hf_selective_backprop.benchmarks.provenance import provenance  # noqa: E402
+from hf_selective_backprop.benchmarks.runner import RunSettings, time_training  # noqa: E402
+from hf_selective_backprop.benchmarks.strategies import Strategy  # noqa: E402
 from hf_selective_backprop.data.datasets import ImageTensorDataset  # noqa: E402
 from hf_selective_backprop.data.transforms import BatchTransform  # noqa: E402
 from hf_selective_backprop.losses import cross_entropy_per_example  # noqa: E402
@@ -240,48 +245,20 @@ def option_flags(case_name: str) -> dict:
 # ---- part 2: throughput of the trainer ----------------------------------------------------------------
 
 
-class LoopTimer(TrainerCallback):
-    """Wall time from the first epoch's start to the last epoch's end (no set-up, no teardown)."""
-
-    def __init__(self):
-        self.start = self.end = None
-
-    def on_epoch_begin(self, args, state, control, **kwargs):
-        if self.start is None:
-            self.start = time.perf_counter()
-
-    def on_epoch_end(self, args, state, control, **kwargs):
-        self.end = time.perf_counter()
-
-
-def run_training(args: BenchArguments, dataset, initial_state: dict, model, run: dict, output_dir: str) -> dict:
+def run_training(args: BenchArguments, dataset, initial_state: dict, model, name: str, run: dict) -> dict:
+    """One timed run from the same initial weights, through the benchmark harness (`time_training`)."""
     model.load_state_dict(initial_state)
-    config = SelectiveBackpropConfig(
-        output_dir=output_dir,
-        per_device_train_batch_size=args.batch_size,
+    settings = RunSettings(
+        output_dir="",  # time_training trains in a scratch folder of its own
         num_train_epochs=run["epochs"],
-        learning_rate=args.learning_rate,
-        optim="sgd",
-        optim_args="momentum=0.9",
-        weight_decay=5e-4,
-        lr_scheduler_type="constant",
-        report_to=[],
-        use_cpu=True,
-        save_strategy="no",
-        logging_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
         seed=args.seed,
-        sb_keep=args.keep,
-        **run["flags"],
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="constant",
+        use_cpu=True,  # part 1 measured phi and r on the CPU; the ideal needs part 2 on the same device
     )
-    timer = LoopTimer()
-    trainer = SelectiveBackpropTrainer(model=model, args=config, train_dataset=dataset, callbacks=[timer])
-    trainer.train()
-    seconds = timer.end - timer.start
-    stats = trainer.sb_stats
-    seen, trained = stats["examples_seen"], stats["backwards"]
-    return {"seconds": seconds, "examples": seen, "trained": trained, "per_second": seen / seconds, "stats": stats}
+    strategy = Strategy(name, name, {"sb_keep": args.keep, **run["flags"]})
+    return time_training(strategy, settings, model, dataset, run["epochs"])
 
 
 def throughput(args: BenchArguments, micro: dict) -> dict:
@@ -303,20 +280,19 @@ def throughput(args: BenchArguments, micro: dict) -> dict:
         },
     }
     results = {name: [] for name in runs}
-    with tempfile.TemporaryDirectory() as scratch:
-        # Warm-up run (kernels, allocator), not timed.
-        warm = {"flags": {"sb_strategy": "sb"}, "epochs": 1}
-        run_training(args, dataset, initial_state, model, warm, os.path.join(scratch, "warm-up"))
-        for round_ in range(args.train_rounds):
-            for name, run in runs.items():
-                result = run_training(args, dataset, initial_state, model, run, os.path.join(scratch, name))
-                results[name].append(result)
-                print(f"round {round_} {name}: {result['per_second']:.0f} examples/s", flush=True)
+    # Warm-up run (kernels, allocator), not timed.
+    run_training(args, dataset, initial_state, model, "warm-up", {"flags": {"sb_strategy": "sb"}, "epochs": 1})
+    for round_ in range(args.train_rounds):
+        for name, run in runs.items():
+            result = run_training(args, dataset, initial_state, model, name, run)
+            results[name].append(result)
+            print(f"round {round_} {name}: {result['examples_per_second']:.0f} examples/s", flush=True)
     r = micro["r"]
     table = {}
     for name, run in runs.items():
         ratios = [
-            mine["per_second"] / base["per_second"] for mine, base in zip(results[name], results["none"], strict=True)
+            mine["examples_per_second"] / base["examples_per_second"]
+            for mine, base in zip(results[name], results["none"], strict=True)
         ]
         s = statistics.median(res["trained"] / res["examples"] for res in results[name])
         if run["phi_case"] is None:
@@ -327,7 +303,7 @@ def throughput(args: BenchArguments, micro: dict) -> dict:
             ideal = (1 + r) / (per_epoch_phi + s * (1 + r))
         measured = statistics.median(ratios)
         breakdown, in_run_phi = {}, None
-        if results[name][0]["stats"]:
+        if run["phi_case"] is not None:  # a selective run: Traditional has no selection time to split
             for key in ("data_seconds", "selection_forward_seconds", "selection_overhead_seconds", "training_seconds"):
                 breakdown[key] = statistics.median(res["stats"][key] for res in results[name])
             breakdown["train_seconds"] = statistics.median(res["stats"]["train_seconds"] for res in results[name])
@@ -336,12 +312,12 @@ def throughput(args: BenchArguments, micro: dict) -> dict:
             in_run_phi = statistics.median(
                 mine["stats"]["selection_forward_seconds"]
                 / max(mine["stats"]["selection_forwards"], 1)
-                / (base["seconds"] / base["examples"])
+                / (base["wall_seconds"] / base["examples"])
                 * (1 + r)
                 for mine, base in zip(results[name], results["none"], strict=True)
             )
         table[name] = {
-            "examples_per_second": statistics.median(res["per_second"] for res in results[name]),
+            "examples_per_second": statistics.median(res["examples_per_second"] for res in results[name]),
             "ratio_vs_none": measured,
             "ratios": ratios,
             "trained_fraction": s,
@@ -352,7 +328,7 @@ def throughput(args: BenchArguments, micro: dict) -> dict:
             if run["phi_case"] is None
             else (1 + r) / (phi / run["flags"].get("sb_staleness", 1) + args.keep * (1 + r)),
             "measured_over_ideal": measured / ideal,
-            "loop_seconds": statistics.median(res["seconds"] for res in results[name]),
+            "loop_seconds": statistics.median(res["wall_seconds"] for res in results[name]),
             "breakdown_seconds": breakdown,
             "flags": run["flags"],
             "epochs": run["epochs"],
@@ -434,7 +410,7 @@ def main(argv=None) -> None:
     os.makedirs(args.output_dir, exist_ok=True)
     result = {
         "arguments": asdict(args),
-        "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        "provenance": provenance(),
         "machine": {
             "platform": platform.platform(),
             "processor": platform.processor(),

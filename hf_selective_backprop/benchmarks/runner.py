@@ -8,15 +8,19 @@ less. Evaluation happens after every epoch and its cost on both clocks is subtra
 Interleaving (`run_interleaved`): on a shared machine the load changes over minutes, so runs
 made one after another are timed under different conditions. Each strategy then trains in
 its own thread and a `Turnstile` lets exactly one of them run at a time, handing over after
-every epoch's evaluation: epoch 1 of A, B, C, then epoch 2 of A, B, C, ... (the A B A B
-order of docs/benchmarking.md). Time spent waiting is excluded from both clocks, and each
+every epoch's evaluation: epoch 1 of A, B, C, then epoch 2 of A, B, C, ..., so that a drift
+in load hits every strategy alike. Time spent waiting is excluded from both clocks, and each
 run's global RNG state is saved and restored around its waits, so it draws the same random
 numbers (initialisation, data order, augmentation) as it would alone.
+
+`time_training` is the same configuration and clock without evaluation, for throughput
+measurements (`scripts/bench_selection_pass.py`).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import os
@@ -118,6 +122,11 @@ class _TimingCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self.trainer.clock.start()
 
+    def on_epoch_end(self, args, state, control, **kwargs):
+        # Before this epoch's evaluation, which the clock excludes anyway; the last reading is the
+        # loop's training time without the Trainer's wrap-up (throughput runs do not evaluate).
+        self.trainer.loop_seconds = self.trainer.clock.now()
+
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         self._step_start = time.perf_counter()
 
@@ -162,6 +171,7 @@ class BenchmarkTrainer(SelectiveBackpropTrainer):
         self.run_name = ""
         self.evals: list[dict] = []
         self.timings = {"train_step_seconds": 0.0, "optimizer_seconds": 0.0, "batch_seconds": 0.0}
+        self.loop_seconds: tuple[float, float] | None = None  # (wall, CPU) at the last epoch's end
         self.add_callback(_TimingCallback(self))
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -221,7 +231,10 @@ class RunSettings:
     lr_scheduler_type: str = "linear"
     optim: str = "sgd"
     warmup_steps: float = 0.0
+    #: 0: no evaluation at all (throughput runs, `time_training`).
     evals_per_epoch: int = 1
+    #: None: the GPU when there is one. A CPU-only measurement sets True.
+    use_cpu: bool | None = None
 
 
 def _own_augmentation(dataset, seed: int):
@@ -237,6 +250,15 @@ def _own_augmentation(dataset, seed: int):
     view.transform = copy.copy(transform)
     view.transform.generator = torch.Generator().manual_seed(seed)
     return view
+
+
+def _stats(trainer: BenchmarkTrainer) -> dict:
+    """`sb_stats`, with the data and selection timers that a Traditional run's counters lack filled in."""
+    stats = dict(trainer.sb_stats)
+    if stats["strategy"] == "none":  # the data time the trainer's own counters keep for selective runs
+        stats.update(data_seconds=trainer.timings["batch_seconds"], selection_forward_seconds=0.0,
+                     selection_overhead_seconds=0.0)
+    return stats
 
 
 def make_config(
@@ -260,7 +282,7 @@ def make_config(
         report_to="none",
         seed=settings.seed,
         data_seed=settings.seed,
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=not torch.cuda.is_available() if settings.use_cpu is None else settings.use_cpu,
         disable_tqdm=True,
         dataloader_num_workers=0,
         **strategy.overrides,
@@ -304,10 +326,7 @@ def run_strategy(
     if not trainer.evals or trainer.evals[-1]["epoch"] < float(trainer.state.epoch or 0.0) - 1e-6:
         trainer.evaluate()
     train_wall, train_cpu = trainer.evals[-1]["train_wall_seconds"], trainer.evals[-1]["train_cpu_seconds"]
-    stats = dict(trainer.sb_stats)
-    if stats["strategy"] == "none":  # the data time the trainer's own counters keep for selective runs
-        stats.update(data_seconds=trainer.timings["batch_seconds"], selection_forward_seconds=0.0,
-                     selection_overhead_seconds=0.0)
+    stats = _stats(trainer)
     reference = reference_cost(config.sb_reference_model, stats)
     if reference is not None:
         # The reference model's training and its pass over the data are part of what this strategy costs.
@@ -384,6 +403,32 @@ def reference_cost(folder: str | None, stats: dict) -> dict | None:
         "scoring_seconds": scoring,
         "seconds": training + scoring,
         "trained_on": trained_on,
+    }
+
+
+def time_training(
+    strategy: Strategy, settings: RunSettings, model: torch.nn.Module, train_dataset, num_train_epochs: float
+) -> dict:
+    """Train `model` in place without evaluating; the loop's time and the trainer's counters.
+
+    For throughput measurements: the configuration (`make_config`) and the clock (`BenchmarkTrainer`:
+    from the training loop's start to the last epoch's end, so the Trainer's set-up and wrap-up are
+    left out) are those of the time-to-accuracy runs. The caller seeds and initialises `model`.
+    """
+    with tempfile.TemporaryDirectory(prefix=f"throughput-{strategy.name}-") as run_dir:
+        config = make_config(strategy, dataclasses.replace(settings, evals_per_epoch=0), num_train_epochs, run_dir)
+        trainer = BenchmarkTrainer(model=model, args=config, train_dataset=train_dataset)
+        trainer.train()
+    wall, cpu = trainer.loop_seconds
+    stats = _stats(trainer)
+    return {
+        "wall_seconds": wall,
+        "cpu_seconds": cpu,
+        "examples": stats["examples_seen"],
+        "trained": stats["backwards"],
+        "examples_per_second": stats["examples_seen"] / wall,
+        "stats": stats,
+        "timings": dict(trainer.timings),
     }
 
 

@@ -30,7 +30,12 @@ from hf_selective_backprop.data.text import (
 )
 from hf_selective_backprop.metrics import compute_metrics
 from hf_selective_backprop.text_models import PIPELINE_TAGS, TextModelArguments, build_text_model, load_tokenizer
-from hf_selective_backprop.workflow import check_output_dir, resume_checkpoint
+from hf_selective_backprop.workflow import (
+    OutputArguments,
+    check_output_dir,
+    check_output_dir_is_free,
+    resume_checkpoint,
+)
 
 # A small BERT trained from scratch: every one is a flag.
 DEFAULTS = dict(
@@ -49,16 +54,20 @@ DEFAULTS = dict(
 
 
 def main() -> None:
-    parser = HfArgumentParser((SelectiveBackpropConfig, TextDataArguments, TextModelArguments))
+    parser = HfArgumentParser((SelectiveBackpropConfig, TextDataArguments, TextModelArguments, OutputArguments))
     parser.set_defaults(**DEFAULTS)
-    config, data_args, model_args = parser.parse_args_into_dataclasses()
+    config, data_args, model_args, output_args = parser.parse_args_into_dataclasses()
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
+    check_output_dir_is_free(config.output_dir, checkpoint, output_args.overwrite_output_dir)
     set_seed(config.seed)
     classification = data_args.task == "text-classification"
 
     data = load_text_data(data_args)
     tokenizer = load_tokenizer(model_args)
+    if tokenizer is None and checkpoint is not None:
+        # The vocabulary the run learnt, saved in each checkpoint: learning it again can give other ids.
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     if tokenizer is None:
         # The main process learns the vocabulary and saves it with the model; the others load that copy.
         with config.main_process_first(local=False, desc="train the tokenizer"):

@@ -196,7 +196,7 @@ def train_image_classifier(
             "add --eval_strategy no, or name an --eval_split"
         )
     set_seed(config.seed)
-    data = load_image_data(data_args, seed=config.seed)
+    data = load_image_data(data_args, seed=config.seed, index_column=config.sb_index_column)
     model = build_model(
         model_args, data.num_labels, data.image_size, data.mean, data.std, data.num_channels, data.label_names
     )

@@ -37,6 +37,7 @@ class ImageTensorDataset(torch.utils.data.Dataset):
         labels: torch.Tensor,
         transform: BatchTransform,
         index: torch.Tensor | None = None,
+        index_column: str = "index",
     ):
         if images.dtype != torch.uint8 or images.ndim != 4:
             raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
@@ -46,6 +47,8 @@ class ImageTensorDataset(torch.utils.data.Dataset):
         self.labels = labels
         self.transform = transform
         self.index = index
+        #: The key of the ids in each row: the trainer's --sb_index_column.
+        self.index_column = index_column
         #: Ids (``index`` values) whose label was flipped by label noise.
         self.noisy_indices = torch.empty(0, dtype=torch.int64)
 
@@ -56,7 +59,7 @@ class ImageTensorDataset(torch.utils.data.Dataset):
         positions = torch.as_tensor(positions, dtype=torch.int64)
         columns = {"pixel_values": self.transform(self.images[positions]), "labels": self.labels[positions]}
         if self.index is not None:
-            columns["index"] = self.index[positions]
+            columns[self.index_column] = self.index[positions]
         # unbind: one call for all row views instead of an indexing op per row and column.
         return [
             dict(zip(columns, row, strict=True)) for row in zip(*(c.unbind() for c in columns.values()), strict=True)
@@ -114,8 +117,10 @@ class ImageClassificationData:
         return self.spec.hub_id or self.source
 
 
-def load_image_data(args: DataArguments, seed: int = 0) -> ImageClassificationData:
+def load_image_data(args: DataArguments, seed: int = 0, index_column: str = "index") -> ImageClassificationData:
     """Open, check, subset, decode (once), add ids and label noise; ``seed`` seeds augmentation.
+
+    The training rows carry their ids under ``index_column`` (the trainer's --sb_index_column).
 
     Splits, columns and labels are checked before any image is decoded, so a wrong flag or a
     stray label fails in seconds, not after decoding a whole split.
@@ -154,7 +159,9 @@ def load_image_data(args: DataArguments, seed: int = 0) -> ImageClassificationDa
         seed=seed,
     )
     # First N rows of the split, so ids are 0..N-1 and equal positions in the original split.
-    train = ImageTensorDataset(train_images, train_labels, train_transform, torch.arange(len(train_images)))
+    train = ImageTensorDataset(
+        train_images, train_labels, train_transform, torch.arange(len(train_images)), index_column=index_column
+    )
     train.noisy_indices = noisy
 
     evaluation = None

@@ -201,10 +201,20 @@ def _columns(split: datasets.Dataset, spec: DatasetSpec, args: DataArguments) ->
     image = args.image_column or _detect(
         features, spec.image_column, lambda f: isinstance(f, datasets.Image), ("image", "img")
     )
+    holding_images = [name for name, feature in features.items() if isinstance(feature, datasets.Image)]
+    # Advise --image_column only when some column holds images: otherwise every choice fails the same way.
+    if holding_images:
+        advice = f"pass --image_column with one of {holding_images}, the columns that hold images"
+    else:
+        advice = (
+            "no column of the dataset holds images (a datasets.Image feature); cast the column of image files "
+            "or bytes with dataset.cast_column(name, datasets.Image()), or load the images as an 'imagefolder'"
+        )
     if image is None:
-        raise ValueError(f"no image column found; {found}; pass --image_column")
+        raise ValueError(f"no image column found; {found}; {advice}")
     if not isinstance(features[image], datasets.Image):
-        raise ValueError(f"column {image!r} does not hold images ({features[image]}); {found}; pass --image_column")
+        named = f"--image_column {image!r}" if args.image_column else f"column {image!r}"
+        raise ValueError(f"{named} does not hold images ({features[image]}); {found}; {advice}")
 
     label = args.label_column or _detect(
         features, spec.label_column, lambda f: isinstance(f, datasets.ClassLabel), ("label", "labels", "fine_label")

@@ -72,6 +72,10 @@ class ImageTensorDataset(torch.utils.data.Dataset):
         """The id of every row, without loading (and augmenting) any: what selection keys examples by."""
         return self.index
 
+    def augmentation(self) -> dict:
+        """What augments the rows (recorded in checkpoints: a resume with other augmentation is refused)."""
+        return self.transform.settings()
+
     # A checkpoint of SelectiveBackpropTrainer saves and restores this state (the augmentation generator).
     def state_dict(self) -> dict:
         return {"transform": self.transform.state_dict()}

@@ -10,13 +10,11 @@ checkpoint's ``trainer_state.json`` (by an `ExportableState` callback, where the
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from contextlib import contextmanager
 
 from transformers import TrainerCallback
-from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
@@ -51,24 +49,22 @@ def restore(record: RunCheckpoints, trainer_state) -> None:
 def add(record: RunCheckpoints, run_dir: str, step: int) -> None:
     """Record the checkpoint about to be saved, forgetting recorded ones that no longer exist.
 
-    A folder of that name that is already there stays unrecorded unless a run of this trainer saved it
-    complete (a resume from an earlier checkpoint saves the same steps again): the save adds files to it,
-    and rotation must not delete what else was inside (a user's ``checkpoint-5``).
+    A folder of that name that is already there and not recorded (a user's ``checkpoint-5``) stays
+    unrecorded, since rotation must not delete what else is inside, unless it holds nothing but files
+    the run's checkpoints hold: what a save cut short by a kill or a full disk left, now saved again.
     """
-    recorded = [s for s in record.steps if os.path.isdir(folder(run_dir, s))]
-    if step in recorded or not os.path.exists(folder(run_dir, step)) or _saved_by_this_trainer(run_dir, step):
-        record.steps = [s for s in recorded if s != step] + [step]
+    recorded = [s for s in record.steps if s != step and os.path.isdir(folder(run_dir, s))]
+    path = folder(run_dir, step)
+    if (step in record.steps or not os.path.exists(path)
+            or (recorded and _holds_only_checkpoint_files(path, folder(run_dir, recorded[-1])))):
+        record.steps = recorded + [step]
     else:
         record.steps = recorded
 
 
-def _saved_by_this_trainer(run_dir: str, step: int) -> bool:
-    try:
-        with open(os.path.join(folder(run_dir, step), TRAINER_STATE_NAME)) as handle:
-            saved = json.load(handle).get("stateful_callbacks", {}).get(RunCheckpoints.__name__) or {}
-    except (OSError, ValueError, AttributeError):
-        return False
-    return step in saved.get("attributes", {}).get("steps", [])
+def _holds_only_checkpoint_files(path: str, own_checkpoint: str) -> bool:
+    names = set(os.listdir(own_checkpoint))
+    return set(os.listdir(path)) <= names | {f"{name}.partial" for name in names}  # atomic_save's temporaries
 
 
 @contextmanager

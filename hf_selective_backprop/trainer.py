@@ -319,6 +319,9 @@ class SelectiveBackpropTrainer(Trainer):
         # user's included: rotate among this run's own instead (hf_selective_backprop.rotation).
         record, run_dir = rotation.record_of(self), self._get_output_dir(trial)
         rotation.add(record, run_dir, self.state.global_step)
+        if self.accelerator.num_processes > 1:
+            # Every rank writes into the folder: the main one must see it as it was before the save.
+            self.accelerator.wait_for_everyone()
         with rotation.trainer_rotation_off(self.args):
             self._save_checkpoint_files(model, trial)
         if self.args.should_save:

@@ -5,6 +5,8 @@
 
 A checkpoint is saved every epoch (--save_strategy); after an interruption the same command plus
 `--resume_from_checkpoint True` (or `last`) continues from the last complete one in --output_dir.
+An --output_dir that already holds files (a finished run, checkpoints) is refused unless resuming
+or given --overwrite_output_dir; rotation (--save_total_limit) deletes only this run's checkpoints.
 Works the same under `accelerate launch` (see configs/accelerate/). Every flag: --help.
 """
 

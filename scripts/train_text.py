@@ -4,7 +4,9 @@
     python scripts/train_text.py --dataset ../shared/data/sst2 --task causal-lm --output_dir outputs/sst2-lm
 
 Without --model_name_or_path, a WordPiece tokenizer is trained on the training split and a small
-model is built from the size flags (no download). Works the same under `accelerate launch`.
+model is built from the size flags (no download); a resumed run reuses the one in its checkpoint.
+An --output_dir that already holds files is refused unless resuming or given --overwrite_output_dir.
+Works the same under `accelerate launch`.
 Every flag: --help.
 """
 

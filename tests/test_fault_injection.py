@@ -229,6 +229,7 @@ def test_the_same_selection_settings_given_another_way_resume(augmented_checkpoi
             resume_from_checkpoint=augmented_checkpoints[True])
 
 
+@pytest.mark.slow  # decodes images and builds a ResNet, as scripts/train.py does
 def test_the_image_workflow_puts_its_ids_under_the_index_column_flag(tmp_path):
     from test_workflow import run_digits
 

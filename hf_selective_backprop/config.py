@@ -16,6 +16,9 @@ RHO_RULES = ("topk", "cdf")
 SELECTION_PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 HISTORY_SCOPES = ("global", "local")
 DEFAULT_KEEP = 1.0 / 3.0
+#: The loss history holds R float32 losses, allocated at once; R beyond this is a typo, not a setting
+#: (the paper uses 1024, and the CDF is recomputed over all R at every selection batch).
+MAX_HISTORY_SIZE = 10**8
 
 
 @dataclass
@@ -238,6 +241,10 @@ class SelectiveBackpropConfig(TrainingArguments):
                     f"1/(beta+1) = {1.0 / (self.sb_beta + 1.0):.4f}; give only one of them"
                 )
         integer_at_least("sb_history_size", 1)
+        if self.sb_history_size > MAX_HISTORY_SIZE:
+            fail("sb_history_size", f"at most {MAX_HISTORY_SIZE:,} (the history allocates 4 bytes per loss up "
+                 f"front: {self.sb_history_size:,} would take {4 * self.sb_history_size / 1e9:,.0f} GB)",
+                 self.sb_history_size)
         if not 0.0 <= self.sb_min_prob <= 1.0:
             fail("sb_min_prob", "in [0, 1]", self.sb_min_prob)
         integer_at_least("sb_staleness", 1, " (1 = SB, n >= 2 = Stale-SB)")

@@ -29,6 +29,12 @@ def with_index_column(dataset, column: str):
     if column_names is not None:
         return dataset if column in column_names else dataset.add_column(column, list(range(len(dataset))))
     if _own_ids(dataset) is not None:
+        given = getattr(dataset, "index_column", column)  # where an ImageTensorDataset puts its ids
+        if given != column:
+            raise ValueError(
+                f"--sb_index_column {column!r}: the training dataset gives its ids under {given!r}; pass "
+                f"--sb_index_column {given} (or build the dataset with index_column={column!r})"
+            )
         return dataset
     if len(dataset) and isinstance(dataset[0], dict) and column in dataset[0]:
         return dataset

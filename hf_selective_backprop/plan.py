@@ -44,10 +44,14 @@ class TrainingPlan:
                    args.sb_warmup_epochs)
         kept_per_epoch = rows_per_epoch * plan.expected_keep()
         if kept_per_epoch < rows_per_step:
+            # kath18 keeps 1/presample of what it reads: with --sb_presample given, that is the flag to change.
+            keep_flag = "a larger --sb_keep"
+            if args.sb_strategy == "kath18" and args.sb_presample is not None:
+                keep_flag = "a smaller --sb_presample"
             raise ValueError(
                 f"an epoch of {rows_per_epoch} examples per process keeps about {kept_per_epoch:.0f}, fewer than "
                 f"one optimizer step needs ({batch_size} x {args.gradient_accumulation_steps} gradient "
-                "accumulation): use a larger dataset, a smaller --per_device_train_batch_size or a larger --sb_keep"
+                f"accumulation): use a larger dataset, a smaller --per_device_train_batch_size or {keep_flag}"
             )
         return plan
 

@@ -17,7 +17,7 @@ import torch
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
-from . import distributed, reference
+from . import distributed, reference, rotation
 from .accounting import STATS_FILE, full_pass_summary, run_summary, write_stats
 from .checkpoints import require_complete_checkpoint
 from .config import SelectiveBackpropConfig
@@ -70,6 +70,7 @@ class SelectiveBackpropTrainer(Trainer):
         self.per_example_loss_func = per_example_loss_func or per_example_loss_for(
             self.model, label_smoothing=smoothing, label_name=self.label_name
         )
+        self.add_callback(rotation.RunCheckpoints())  # with selection off too: rotation must spare others' folders
         self.selector = build_selector(self.args)
         if reference_model is not None and (self.selector is None or not self.selector.uses_reference_losses):
             raise ValueError(
@@ -254,6 +255,7 @@ class SelectiveBackpropTrainer(Trainer):
         epochs_trained, skipped = super()._init_training_state(
             max_steps, steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
         )
+        rotation.restore(rotation.record_of(self), self.state)
         if self.selector is None or resume_from_checkpoint is None:
             return epochs_trained, skipped
         checkpointing.load(self.engine, resume_from_checkpoint, self.args.ignore_data_skip)
@@ -350,7 +352,12 @@ class SelectiveBackpropTrainer(Trainer):
         if self.selector is not None and resume_from_checkpoint is True:
             # transformers picks the highest checkpoint-N folder, even one a killed run left half written.
             resume_from_checkpoint = require_complete_checkpoint(self.args.output_dir)
-        output = super().train(resume_from_checkpoint, *args, **kwargs)
+        try:
+            output = super().train(resume_from_checkpoint, *args, **kwargs)
+        finally:
+            if hasattr(self, "_hidden_save_total_limit"):  # see _load_best_model
+                self.args.save_total_limit = self._hidden_save_total_limit
+                del self._hidden_save_total_limit
         if self.selector is not None:
             self.sb_stats = {**self.selection_summary(), "strategy": self.args.sb_strategy}
             self.sb_stats["expected_steps"] = self._expected_steps
@@ -372,6 +379,30 @@ class SelectiveBackpropTrainer(Trainer):
     # ---- checkpoints ---------------------------------------------------------------------------
 
     def _save_checkpoint(self, model, trial):
+        # The Trainer's rotation would delete every checkpoint-* folder of output_dir, a previous run's or a
+        # user's included: rotate among this run's own instead (hf_selective_backprop.rotation).
+        record, run_dir = rotation.record_of(self), self._get_output_dir(trial)
+        rotation.add(record, run_dir, self.state.global_step)
+        if self.accelerator.num_processes > 1:
+            # Every rank writes into the folder: the main one must see it as it was before the save.
+            self.accelerator.wait_for_everyone()
+        with rotation.trainer_rotation_off(self.args):
+            self._save_checkpoint_files(model, trial)
+        if self.args.should_save:
+            newest = rotation.folder(run_dir, self.state.global_step)
+            rotation.rotate(record, run_dir, self.args.save_total_limit, [newest, self.state.best_model_checkpoint])
+
+    def _load_best_model(self):
+        super()._load_best_model()
+        if self.args.should_save and self.args.save_total_limit == 1:
+            # The Trainer goes on to delete every checkpoint-* folder but the best when save_total_limit is 1;
+            # delete only this run's, and hide the limit from it until train() returns.
+            best = self.state.best_model_checkpoint
+            rotation.rotate(rotation.record_of(self), os.path.dirname(best), 1, [best])
+            self._hidden_save_total_limit = self.args.save_total_limit
+            self.args.save_total_limit = None
+
+    def _save_checkpoint_files(self, model, trial):
         if self.selector is None:
             return super()._save_checkpoint(model, trial)
         with self.engine.stats.timer("save_seconds"):

@@ -8,9 +8,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from accelerate import PartialState
 from transformers import set_seed
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
 from .cards import hub_dataset_id, training_costs
 from .checkpoints import STATE_FILE, last_complete_checkpoint
@@ -34,6 +36,29 @@ class RunResult:
     stats: dict
     output_dir: str
     eval_history: list[dict] = field(default_factory=list)
+
+
+#: Files of a finished run at the top of its output folder: the saved model.
+FINISHED_RUN_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, WEIGHTS_NAME, WEIGHTS_INDEX_NAME)
+
+
+@dataclass
+class OutputArguments:
+    """What a script may do with an --output_dir that already holds files.
+
+    transformers 5 dropped ``TrainingArguments.overwrite_output_dir``; the Hugging Face example
+    scripts offered the flag themselves and refused a non-empty folder without it or a resume.
+    """
+
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Train into an --output_dir that already holds files (a finished run, an earlier run's "
+            "checkpoints, anything else): files the run writes replace those of the same name; checkpoint "
+            "folders it did not write are never deleted. Without it such a folder is refused before anything "
+            "is read or written, unless --resume_from_checkpoint continues the run saved in it."
+        },
+    )
 
 
 def write_holdout(data_args: DataArguments, holdout_ids, path: str) -> None:
@@ -64,6 +89,46 @@ def check_output_dir(path: str) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         where = " is" if existing == target else f": its parent {existing} is"
         raise ValueError(f"--output_dir {path!r}{where} not writable by this user; choose a writable --output_dir")
+
+
+def check_output_dir_is_free(path: str, resume_from: str | None = None, overwrite: bool = False) -> None:
+    """Refuse an output folder that holds files (a finished run, checkpoints, anything else) before anything is
+    written, unless ``overwrite`` or the run resumes from a checkpoint inside it (``resume_from``, as
+    `resume_checkpoint` returns it), as the Hugging Face example scripts did. Every process calls this."""
+    target = Path(path).expanduser().absolute()
+    resuming_here = resume_from is not None and Path(resume_from).expanduser().absolute().parent == target
+    entries = sorted(os.listdir(target)) if target.is_dir() and not (overwrite or resuming_here) else []
+    # Every process looks before any writes: the main process must not fill the folder before another looks.
+    PartialState().wait_for_everyone()
+    if entries:
+        _refuse_a_folder_in_use(path, entries, resume_from)
+
+
+def _refuse_a_folder_in_use(path: str, entries: list[str], resume_from: str | None) -> None:
+    checkpoints = sorted(
+        (name for name in entries if name.startswith(f"{PREFIX_CHECKPOINT_DIR}-")), key=lambda name: (len(name), name)
+    )
+    model = [name for name in entries if name in FINISHED_RUN_FILES]
+    others = [name for name in entries if name not in checkpoints and name not in model]
+    held = []
+    if model:
+        held.append(f"a finished run ({', '.join(model)})")
+    if checkpoints:
+        held.append(f"checkpoints ({_listed(checkpoints)})")
+    if others:
+        held.append(f"{'other files' if held else 'files'} ({_listed(others)})")
+    resume = ""
+    if checkpoints and not model and resume_from is None:
+        resume = "--resume_from_checkpoint True to continue the run saved there, "
+    raise ValueError(
+        f"--output_dir {path!r} already holds {' and '.join(held)}, which a new run would overwrite. Pass {resume}"
+        "--overwrite_output_dir to train into it anyway (files of the same name are replaced; checkpoint folders "
+        "the new run did not write are never deleted), or choose another --output_dir"
+    )
+
+
+def _listed(names: list[str], shown: int = 5) -> str:
+    return ", ".join(names[:shown]) + (f", ... ({len(names)} in all)" if len(names) > shown else "")
 
 
 def resume_checkpoint(config: SelectiveBackpropConfig) -> str | None:
@@ -130,18 +195,23 @@ def _check_checkpoint(folder: str, flag: str, selective: bool) -> None:
 
 
 def train_image_classifier(
-    config: SelectiveBackpropConfig, data_args: DataArguments, model_args: ModelArguments
+    config: SelectiveBackpropConfig,
+    data_args: DataArguments,
+    model_args: ModelArguments,
+    overwrite_output_dir: bool = False,
 ) -> RunResult:
+    """Train, evaluate, save and card; ``overwrite_output_dir`` as `OutputArguments` says."""
     # These checks are cheap; none of these mistakes should cost a decode of the dataset first.
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
+    check_output_dir_is_free(config.output_dir, checkpoint, overwrite_output_dir)
     if data_args.eval_split is None and config.eval_strategy != "no":
         raise ValueError(
             f"--eval_split none leaves nothing to evaluate, but --eval_strategy is {config.eval_strategy.value!r}; "
             "add --eval_strategy no, or name an --eval_split"
         )
     set_seed(config.seed)
-    data = load_image_data(data_args, seed=config.seed)
+    data = load_image_data(data_args, seed=config.seed, index_column=config.sb_index_column)
     model = build_model(
         model_args, data.num_labels, data.image_size, data.mean, data.std, data.num_channels, data.label_names
     )

@@ -88,7 +88,11 @@ def main() -> None:
     # The table is the output: the Trainer's log lines go to the log file, its progress bars nowhere.
     transformers_logging.disable_progress_bar()
     with open(log_path, "w") as log, redirect_stdout(log):
-        results = [train_image_classifier(config_for(args, name), data_args, model_args) for name in names]
+        # Each strategy's sub-folder belongs to this script: a rerun (make demo) replaces its results.
+        results = [
+            train_image_classifier(config_for(args, name), data_args, model_args, overwrite_output_dir=True)
+            for name in names
+        ]
 
     base = results[0].stats
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"

@@ -5,6 +5,8 @@
 
 A checkpoint is saved every epoch (--save_strategy); after an interruption the same command plus
 `--resume_from_checkpoint True` (or `last`) continues from the last complete one in --output_dir.
+An --output_dir that already holds files (a finished run, checkpoints) is refused unless resuming
+or given --overwrite_output_dir; rotation (--save_total_limit) deletes only this run's checkpoints.
 Works the same under `accelerate launch` (see configs/accelerate/). Every flag: --help.
 """
 
@@ -14,7 +16,7 @@ from transformers import HfArgumentParser
 from hf_selective_backprop import SelectiveBackpropConfig
 from hf_selective_backprop.data import DataArguments
 from hf_selective_backprop.models import ModelArguments
-from hf_selective_backprop.workflow import train_image_classifier
+from hf_selective_backprop.workflow import OutputArguments, train_image_classifier
 
 # Defaults of the paper's CIFAR-10 recipe where a CPU run allows them; every one is a flag.
 DEFAULTS = dict(
@@ -34,10 +36,10 @@ DEFAULTS = dict(
 
 
 def main() -> None:
-    parser = HfArgumentParser((SelectiveBackpropConfig, DataArguments, ModelArguments))
+    parser = HfArgumentParser((SelectiveBackpropConfig, DataArguments, ModelArguments, OutputArguments))
     parser.set_defaults(**DEFAULTS)
-    config, data_args, model_args = parser.parse_args_into_dataclasses()
-    result = train_image_classifier(config, data_args, model_args)
+    config, data_args, model_args, output_args = parser.parse_args_into_dataclasses()
+    result = train_image_classifier(config, data_args, model_args, output_args.overwrite_output_dir)
     if config.should_save:
         accuracy = "n/a" if result.accuracy is None else f"{result.accuracy:.4f}"
         print(f"strategy={result.strategy} accuracy={accuracy} backwards={result.stats['backwards']} "

@@ -4,7 +4,9 @@
     python scripts/train_text.py --dataset ../shared/data/sst2 --task causal-lm --output_dir outputs/sst2-lm
 
 Without --model_name_or_path, a WordPiece tokenizer is trained on the training split and a small
-model is built from the size flags (no download). Works the same under `accelerate launch`.
+model is built from the size flags (no download); a resumed run reuses the one in its checkpoint.
+An --output_dir that already holds files is refused unless resuming or given --overwrite_output_dir.
+Works the same under `accelerate launch`.
 Every flag: --help.
 """
 
@@ -30,7 +32,12 @@ from hf_selective_backprop.data.text import (
 )
 from hf_selective_backprop.metrics import compute_metrics
 from hf_selective_backprop.text_models import PIPELINE_TAGS, TextModelArguments, build_text_model, load_tokenizer
-from hf_selective_backprop.workflow import check_output_dir, resume_checkpoint
+from hf_selective_backprop.workflow import (
+    OutputArguments,
+    check_output_dir,
+    check_output_dir_is_free,
+    resume_checkpoint,
+)
 
 # A small BERT trained from scratch: every one is a flag.
 DEFAULTS = dict(
@@ -49,16 +56,20 @@ DEFAULTS = dict(
 
 
 def main() -> None:
-    parser = HfArgumentParser((SelectiveBackpropConfig, TextDataArguments, TextModelArguments))
+    parser = HfArgumentParser((SelectiveBackpropConfig, TextDataArguments, TextModelArguments, OutputArguments))
     parser.set_defaults(**DEFAULTS)
-    config, data_args, model_args = parser.parse_args_into_dataclasses()
+    config, data_args, model_args, output_args = parser.parse_args_into_dataclasses()
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
+    check_output_dir_is_free(config.output_dir, checkpoint, output_args.overwrite_output_dir)
     set_seed(config.seed)
     classification = data_args.task == "text-classification"
 
     data = load_text_data(data_args)
     tokenizer = load_tokenizer(model_args)
+    if tokenizer is None and checkpoint is not None:
+        # The vocabulary the run learnt, saved in each checkpoint: learning it again can give other ids.
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     if tokenizer is None:
         # The main process learns the vocabulary and saves it with the model; the others load that copy.
         with config.main_process_first(local=False, desc="train the tokenizer"):

@@ -37,6 +37,7 @@ class ImageTensorDataset(torch.utils.data.Dataset):
         labels: torch.Tensor,
         transform: BatchTransform,
         index: torch.Tensor | None = None,
+        index_column: str = "index",
     ):
         if images.dtype != torch.uint8 or images.ndim != 4:
             raise ValueError(f"images must be uint8 (N, C, H, W), got {images.dtype} {tuple(images.shape)}")
@@ -46,6 +47,8 @@ class ImageTensorDataset(torch.utils.data.Dataset):
         self.labels = labels
         self.transform = transform
         self.index = index
+        #: The key of the ids in each row: the trainer's --sb_index_column.
+        self.index_column = index_column
         #: Ids (``index`` values) whose label was flipped by label noise.
         self.noisy_indices = torch.empty(0, dtype=torch.int64)
 
@@ -56,7 +59,7 @@ class ImageTensorDataset(torch.utils.data.Dataset):
         positions = torch.as_tensor(positions, dtype=torch.int64)
         columns = {"pixel_values": self.transform(self.images[positions]), "labels": self.labels[positions]}
         if self.index is not None:
-            columns["index"] = self.index[positions]
+            columns[self.index_column] = self.index[positions]
         # unbind: one call for all row views instead of an indexing op per row and column.
         return [
             dict(zip(columns, row, strict=True)) for row in zip(*(c.unbind() for c in columns.values()), strict=True)
@@ -67,13 +70,19 @@ class ImageTensorDataset(torch.utils.data.Dataset):
 
     def without_augmentation(self) -> ImageTensorDataset:
         """The same rows (tensors shared, not copied) as evaluation sees them: normalized, not augmented."""
-        view = ImageTensorDataset(self.images, self.labels, self.transform.without_augmentation(), self.index)
+        view = ImageTensorDataset(
+            self.images, self.labels, self.transform.without_augmentation(), self.index, self.index_column
+        )
         view.noisy_indices = self.noisy_indices
         return view
 
     def example_ids(self) -> torch.Tensor | None:
         """The id of every row, without loading (and augmenting) any: what selection keys examples by."""
         return self.index
+
+    def augmentation(self) -> dict:
+        """What augments the rows (recorded in checkpoints: a resume with other augmentation is refused)."""
+        return self.transform.settings()
 
     # A checkpoint of SelectiveBackpropTrainer saves and restores this state (the augmentation generator).
     def state_dict(self) -> dict:
@@ -122,8 +131,10 @@ class ImageClassificationData:
         return self.spec.hub_id or self.source
 
 
-def load_image_data(args: DataArguments, seed: int = 0) -> ImageClassificationData:
+def load_image_data(args: DataArguments, seed: int = 0, index_column: str = "index") -> ImageClassificationData:
     """Open, check, subset, decode (once), add ids and label noise; ``seed`` seeds augmentation.
+
+    The training rows carry their ids under ``index_column`` (the trainer's --sb_index_column).
 
     Splits, columns and labels are checked before any image is decoded, so a wrong flag or a
     stray label fails in seconds, not after decoding a whole split.
@@ -171,7 +182,7 @@ def load_image_data(args: DataArguments, seed: int = 0) -> ImageClassificationDa
                     args.train_on)
         train_images, train_labels, ids = train_images[rows], train_labels[rows], ids[rows]
         noisy = noisy[torch.isin(noisy, ids)]
-    train = ImageTensorDataset(train_images, train_labels, train_transform, ids)
+    train = ImageTensorDataset(train_images, train_labels, train_transform, ids, index_column=index_column)
     train.noisy_indices = noisy
 
     evaluation = None
@@ -212,10 +223,20 @@ def _columns(split: datasets.Dataset, spec: DatasetSpec, args: DataArguments) ->
     image = args.image_column or _detect(
         features, spec.image_column, lambda f: isinstance(f, datasets.Image), ("image", "img")
     )
+    holding_images = [name for name, feature in features.items() if isinstance(feature, datasets.Image)]
+    # Advise --image_column only when some column holds images: otherwise every choice fails the same way.
+    if holding_images:
+        advice = f"pass --image_column with one of {holding_images}, the columns that hold images"
+    else:
+        advice = (
+            "no column of the dataset holds images (a datasets.Image feature); cast the column of image files "
+            "or bytes with dataset.cast_column(name, datasets.Image()), or load the images as an 'imagefolder'"
+        )
     if image is None:
-        raise ValueError(f"no image column found; {found}; pass --image_column")
+        raise ValueError(f"no image column found; {found}; {advice}")
     if not isinstance(features[image], datasets.Image):
-        raise ValueError(f"column {image!r} does not hold images ({features[image]}); {found}; pass --image_column")
+        named = f"--image_column {image!r}" if args.image_column else f"column {image!r}"
+        raise ValueError(f"{named} does not hold images ({features[image]}); {found}; {advice}")
 
     label = args.label_column or _detect(
         features, spec.label_column, lambda f: isinstance(f, datasets.ClassLabel), ("label", "labels", "fine_label")

@@ -5,6 +5,7 @@ Nothing is decoded here: images stay encoded until the chosen rows are selected.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import datasets
@@ -46,8 +47,22 @@ def _existing_folder(path: str, flag: str) -> Path:
     return folder
 
 
+def load_splits(path: str, config: str | None, cache_dir: str | None) -> datasets.DatasetDict:
+    """`datasets.load_dataset`, saying which split is empty where it only says 'Instruction "train" corresponds to
+    no data!' (a data file with zero rows)."""
+    try:
+        return datasets.load_dataset(path, config, cache_dir=cache_dir)
+    except ValueError as error:
+        empty = re.fullmatch(r'Instruction "(.+)" corresponds to no data!', str(error))
+        if empty is None:
+            raise
+        raise ValueError(
+            f"{path!r}: its {empty.group(1)!r} split is empty (0 rows); its data files hold no examples"
+        ) from error
+
+
 def _load(path: str, config: str | None, cache_dir: str | None) -> datasets.DatasetDict:
-    loaded = datasets.load_dataset(path, config, cache_dir=cache_dir)
+    loaded = load_splits(path, config, cache_dir)
     if not isinstance(loaded, datasets.DatasetDict):
         raise ValueError(f"{path!r} did not load as a dataset with named splits")
     return loaded

@@ -11,8 +11,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import datasets
+import numpy
+import pyarrow
+import pyarrow.compute
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
+
+from .sources import load_splits
 
 TASKS = ("text-classification", "causal-lm")
 TEXT_COLUMNS = ("sentence", "text", "content", "review", "document", "sentence1", "question")
@@ -83,12 +88,17 @@ def load_text_data(args: TextDataArguments) -> TextData:
     if Path(source).expanduser().exists():
         source = str(Path(source).expanduser().resolve())
         dataset_id = Path(source).name
-    splits = datasets.load_dataset(source, args.dataset_config, cache_dir=args.cache_dir)
+    splits = load_splits(source, args.dataset_config, args.cache_dir)
     train = _split(splits, args.train_split, "--train_split", args.max_train_samples)
     evaluation = _split(splits, args.eval_split, "--eval_split", args.max_eval_samples) if args.eval_split else None
     text_column = find_text_column(train, args.text_column)
     if args.text_pair_column is not None:
         _check_column(train, args.text_pair_column, "--text_pair_column")
+    for split_flag, split_name, split in (("--train_split", args.train_split, train),
+                                          ("--eval_split", args.eval_split, evaluation)):
+        for column in (text_column, args.text_pair_column):
+            if split is not None and column is not None:
+                check_texts(split, column, f"{split_flag} {split_name!r}")
     if args.task == "causal-lm":
         return TextData(train, evaluation, dataset_id, text_column, None, None)
     label_column = find_label_column(train, args.label_column)
@@ -97,6 +107,26 @@ def load_text_data(args: TextDataArguments) -> TextData:
         train = _to_class_ids(train, label_column, names)
         evaluation = _to_class_ids(evaluation, label_column, names) if evaluation is not None else None
     return TextData(train, evaluation, dataset_id, text_column, label_column, names)
+
+
+def check_texts(split: datasets.Dataset, column: str, where: str) -> None:
+    """Refuse a text column with a missing text (the tokenizer would fail on it, naming neither column nor
+    row) or with no text at all (a model would train on special tokens alone)."""
+    values = split.with_format("arrow")[column]
+    if values.null_count:
+        rows = numpy.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))
+        listed = ", ".join(str(row) for row in rows[:5]) + (f", ... ({len(rows)} rows)" if len(rows) > 5 else "")
+        noun = "rows" if len(rows) > 1 else "row"
+        those = "those" if len(rows) > 1 else "that"
+        raise ValueError(
+            f"{where}, text column {column!r}: no text (None) at {noun} {listed}; fix or drop {those} {noun}"
+        )
+    longest = pyarrow.compute.max(pyarrow.compute.utf8_length(pyarrow.compute.utf8_trim_whitespace(values))).as_py()
+    if len(values) and not longest:
+        raise ValueError(
+            f"{where}, text column {column!r}: every text is empty, so there is nothing to learn from; pass the "
+            "--text_column that holds the texts"
+        )
 
 
 def _split(splits: datasets.DatasetDict, name: str, flag: str, limit: int | None) -> datasets.Dataset:

@@ -100,6 +100,12 @@ class BatchTransform:
         plain.augment = False
         return plain
 
+    def settings(self) -> dict:
+        """The augmentation asked for, as the flags name it (a resume must not change it)."""
+        if not self.augment:
+            return {"augment": False}
+        return {"augment": True, "hflip": self.hflip, "cutout": self.cutout, "crop_padding": self.crop_padding}
+
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}
 

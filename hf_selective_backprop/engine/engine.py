@@ -243,6 +243,16 @@ class SelectionEngine:
         --sb_selection_scale / --sb_selection_channels_last inputs fails now, not when the schedule
         (sb_start, warm-up epochs) first turns selection on."""
         self.inputs_checked = True
+        if self.index_column not in batch and (self.records_training_losses or self.plans_before_loading):
+            # Without ids the store and the epoch's plan cannot key examples (it used to fail in the store).
+            needs = f"--sb_staleness {self.args.sb_staleness}" if self.args.sb_staleness > 1 else (
+                f"--sb_strategy {self.args.sb_strategy} (it decides before loading)")
+            raise ValueError(
+                f"--sb_index_column {self.index_column!r} is not in the training batches, which hold "
+                f"{', '.join(batch)}: {needs} looks examples up by it. Name the column of the training data that "
+                "holds the ids, or leave the default to number the rows 0..N-1; a dataset or collator of your own "
+                "must pass the column through"
+            )
         if self.selector.needs_losses:
             self.scorer.check_inputs(model, {k: v[:1] for k, v in batch.items() if k != self.index_column})
 

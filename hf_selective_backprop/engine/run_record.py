@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import math
 import os
 import warnings
 
@@ -41,16 +42,35 @@ KEPT_FROM_CHECKPOINT = {
 }
 #: Rows of a `datasets.Dataset` hashed into its fingerprint, evenly spaced.
 ROWS_HASHED = 64
+#: Flags that set one another (for 'sb', ``--sb_beta 2`` is the default ``--sb_keep``): the strategy's own one
+#: (`OWN_KEEP_FLAG`, else sb_keep) is recorded as the value in effect, the others as None, so the same setting
+#: given either way compares equal.
+IN_EFFECT = {"sb_keep": "sb_keep_fraction", "sb_beta": "sb_beta_value", "sb_presample": "sb_presample_value"}
+OWN_KEEP_FLAG = {"sb": "sb_beta", "kath18": "sb_presample"}
 
 
 def describe(args, dataset) -> dict:
     """The record a checkpoint keeps of the run: ``args`` a `SelectiveBackpropConfig`, ``dataset`` the training data."""
     selection = [f.name for f in dataclasses.fields(args) if f.name.startswith("sb_") and f.name not in SPEED_ONLY]
     return {
-        "selection": {name: _plain(getattr(args, name)) for name in [*selection, *SEEDS]},
+        "selection": {name: _plain(_in_effect(args, name)) for name in [*selection, *SEEDS]},
         "training": {name: _plain(getattr(args, name)) for name in TRAINING},
         "dataset": dataset_fingerprint(dataset),
+        "augmentation": _augmentation(dataset),
     }
+
+
+def _in_effect(args, name: str):
+    if name not in IN_EFFECT:
+        return getattr(args, name)
+    return getattr(args, IN_EFFECT[name]) if name == OWN_KEEP_FLAG.get(args.sb_strategy, "sb_keep") else None
+
+
+def _augmentation(dataset) -> dict | None:
+    """The training data's augmentation settings, if it says (`ImageTensorDataset.augmentation`)."""
+    inner = dataset.dataset if isinstance(dataset, IndexedDataset) else dataset
+    settings = getattr(inner, "augmentation", None)
+    return settings() if callable(settings) else None
 
 
 def _plain(value):
@@ -92,8 +112,14 @@ def check(saved: dict | None, current: dict, checkpoint: str) -> None:
     wrong = [
         f"--{name}: saved {saved['selection'][name]!r}, now {value!r}"
         for name, value in current["selection"].items()
-        if name in saved["selection"] and saved["selection"][name] != value
+        # A flag the strategy does not use is None; an earlier version recorded it as given, None if derived.
+        if name in saved["selection"] and not (name in IN_EFFECT and None in (saved["selection"][name], value))
+        and not _same(saved["selection"][name], value)
     ]
+    before, now = saved.get("augmentation"), current.get("augmentation")
+    if before is not None and now is not None:
+        wrong += [f"--{name}: saved {before.get(name)!r}, now {now.get(name)!r}"
+                  for name in sorted(before.keys() | now.keys()) if before.get(name) != now.get(name)]
     data = _data_difference(saved["dataset"], current["dataset"])
     if data:
         wrong.append(data)
@@ -123,6 +149,13 @@ def check_without_selection(checkpoint: str | bool, output_dir: str) -> None:
         saved = torch.load(path, weights_only=True).get("run")
         strategy = repr(saved["selection"]["sb_strategy"]) if saved else "a selective strategy"
         _refuse(checkpoint, [f"--sb_strategy: saved {strategy}, now 'none'"])
+
+
+def _same(saved, value) -> bool:
+    # Derived values are computed (1/(beta+1), 1/keep - 1): equal settings may differ in the last bit.
+    if isinstance(saved, float) and isinstance(value, float):
+        return math.isclose(saved, value, rel_tol=1e-9)
+    return saved == value
 
 
 def _refuse(checkpoint: str, differences: list[str]) -> None:

@@ -1,0 +1,94 @@
+"""Checkpoint rotation (``save_total_limit``) that deletes only the checkpoints the run wrote itself.
+
+transformers' Trainer rotates every ``checkpoint-*`` folder it finds in ``output_dir``: with
+``save_total_limit`` it deletes a previous run's checkpoints, or a folder of the user's that happens
+to be named ``checkpoint-5``, with everything inside. `SelectiveBackpropTrainer` turns that rotation
+off and rotates among the checkpoints of its own run instead. Which those are is recorded in each
+checkpoint's ``trainer_state.json`` (by an `ExportableState` callback, where the Trainer keeps
+``EarlyStoppingCallback``'s state), so a resumed run also rotates those of the run it continues.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from contextlib import contextmanager
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+
+class RunCheckpoints(TrainerCallback, ExportableState):
+    """The steps at which this run (and the runs it resumed) saved a checkpoint that still exists."""
+
+    def __init__(self):
+        self.steps: list[int] = []
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": {"steps": list(self.steps)}}
+
+
+def record_of(trainer) -> RunCheckpoints:
+    # Looked up each time: with restore_callback_states_from_checkpoint the Trainer replaces the instance.
+    return next(cb for cb in trainer.callback_handler.callbacks if isinstance(cb, RunCheckpoints))
+
+
+def folder(run_dir: str, step: int) -> str:
+    return os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
+
+
+def restore(record: RunCheckpoints, trainer_state) -> None:
+    """Take over the resumed run's record (an older checkpoint has none: then only the new saves count)."""
+    saved = trainer_state.stateful_callbacks.get(RunCheckpoints.__name__) or {}
+    record.steps = list(saved.get("attributes", {}).get("steps", []))
+    # The Trainer indexes this entry when it saves; a checkpoint without it would fail there.
+    trainer_state.stateful_callbacks[RunCheckpoints.__name__] = record.state()
+
+
+def add(record: RunCheckpoints, run_dir: str, step: int) -> None:
+    """Record the checkpoint about to be saved, forgetting recorded ones that no longer exist.
+
+    A folder of that name that is already there and not recorded (a user's ``checkpoint-5``) stays
+    unrecorded, since rotation must not delete what else is inside, unless it holds nothing but files
+    the run's checkpoints hold: what a save cut short by a kill or a full disk left, now saved again.
+    """
+    recorded = [s for s in record.steps if s != step and os.path.isdir(folder(run_dir, s))]
+    path = folder(run_dir, step)
+    if (step in record.steps or not os.path.exists(path)
+            or (recorded and _holds_only_checkpoint_files(path, folder(run_dir, recorded[-1])))):
+        record.steps = recorded + [step]
+    else:
+        record.steps = recorded
+
+
+def _holds_only_checkpoint_files(path: str, own_checkpoint: str) -> bool:
+    names = set(os.listdir(own_checkpoint))
+    return set(os.listdir(path)) <= names | {f"{name}.partial" for name in names}  # atomic_save's temporaries
+
+
+@contextmanager
+def trainer_rotation_off(args):
+    """Hide ``save_total_limit`` from the Trainer's own rotation, which deletes any ``checkpoint-*``."""
+    limit = args.save_total_limit
+    args.save_total_limit = None
+    try:
+        yield
+    finally:
+        args.save_total_limit = limit
+
+
+def rotate(record: RunCheckpoints, run_dir: str, limit: int | None, protected: list[str | None]) -> None:
+    """Delete the run's oldest checkpoints beyond ``limit``, never one of ``protected`` (the newest, the best)."""
+    if limit is None or limit <= 0:
+        return
+    own = [s for s in sorted(set(record.steps)) if os.path.isdir(folder(run_dir, s))]
+    kept = {os.path.abspath(path) for path in protected if path is not None}
+    surplus = len(own) - max(limit, len([s for s in own if os.path.abspath(folder(run_dir, s)) in kept]))
+    for step in own:
+        if surplus <= 0:
+            break
+        if os.path.abspath(folder(run_dir, step)) not in kept:
+            shutil.rmtree(folder(run_dir, step), ignore_errors=True)
+            surplus -= 1
+    record.steps = [s for s in own if os.path.isdir(folder(run_dir, s))]

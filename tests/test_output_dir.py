@@ -1,0 +1,172 @@
+"""A safe --output_dir: rotation deletes only the run's own checkpoints, and the scripts refuse a folder in use.
+
+The Trainer's ``save_total_limit`` rotation deletes every ``checkpoint-*`` folder of ``output_dir``;
+`SelectiveBackpropTrainer` deletes only those its run (or the run it resumes) wrote. `scripts/train.py`
+and `scripts/train_text.py` refuse a folder that holds a finished run or other files unless told
+``--overwrite_output_dir``, or ``--resume_from_checkpoint`` continues the run saved there.
+"""
+
+from __future__ import annotations
+
+import json
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+from tiny import TinyClassifier, make_config, make_dataset
+
+from hf_selective_backprop import SelectiveBackpropTrainer
+
+ROOT = Path(__file__).resolve().parents[1]
+USER_FILE = "my_notes.txt"
+
+
+def user_checkpoint(output_dir: Path, step: int = 5) -> Path:
+    """A folder of the user's that happens to be named like a checkpoint, with the user's file inside."""
+    folder = output_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / USER_FILE).write_text("the user's own notes")
+    return folder / USER_FILE
+
+
+def previous_run_checkpoint(output_dir: Path, step: int = 1000) -> Path:
+    folder = output_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return folder
+
+
+def checkpoint_steps(output_dir: Path) -> list[int]:
+    return sorted(int(path.name.split("-")[1]) for path in output_dir.glob("checkpoint-*"))
+
+
+def train(output_dir: Path, resume=None, **overrides) -> SelectiveBackpropTrainer:
+    settings = dict(save_strategy="steps", save_steps=2, save_total_limit=1, num_train_epochs=2)
+    settings.update(overrides)
+    trainer = SelectiveBackpropTrainer(
+        model=TinyClassifier(), args=make_config(str(output_dir), **settings), train_dataset=make_dataset(64),
+        eval_dataset=make_dataset(16, seed=1) if settings.get("eval_strategy", "no") != "no" else None,
+    )
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+# ---- rotation through the Python API ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["sb", "none"])
+def test_rotation_deletes_only_checkpoints_the_run_wrote(strategy, tmp_path):
+    out = tmp_path / "out"
+    notes = user_checkpoint(out)
+    previous = previous_run_checkpoint(out)
+    trainer = train(out, sb_strategy=strategy)
+    assert notes.read_text() == "the user's own notes"  # the Trainer's rotation deleted it, oldest first
+    assert previous.is_dir()
+    own = [step for step in checkpoint_steps(out) if step not in (5, 1000)]
+    assert len(own) == 1 and trainer.state.global_step - 2 < own[0] <= trainer.state.global_step
+
+
+def test_a_resumed_run_rotates_the_checkpoints_of_the_run_it_continues(tmp_path):
+    out = tmp_path / "out"
+    notes = user_checkpoint(out)
+    train(out, save_total_limit=2)
+    saved = [step for step in checkpoint_steps(out) if step != 5]
+    assert len(saved) == 2
+    resumed = train(out, resume=str(out / f"checkpoint-{saved[0]}"), save_total_limit=2, num_train_epochs=4)
+    own = [step for step in checkpoint_steps(out) if step != 5]
+    # Both of the first run's checkpoints rotated out by the two newest saves of the resumed run.
+    assert len(own) == 2 and saved[1] < own[0] < own[1] <= resumed.state.global_step
+    assert notes.read_text() == "the user's own notes"
+
+
+def test_keeping_only_the_best_checkpoint_at_the_end_spares_other_folders(tmp_path):
+    # With load_best_model_at_end and save_total_limit=1 the Trainer deletes every checkpoint but the best.
+    out = tmp_path / "out"
+    notes = user_checkpoint(out)
+    trainer = train(out, sb_strategy="none", eval_strategy="steps", eval_steps=2, load_best_model_at_end=True,
+                    metric_for_best_model="loss")
+    assert notes.read_text() == "the user's own notes"
+    assert checkpoint_steps(out) == sorted([5, int(Path(trainer.state.best_model_checkpoint).name.split("-")[1])])
+    assert trainer.args.save_total_limit == 1  # hidden from the Trainer's sweep only while it ran
+
+
+# ---- the scripts refuse a folder in use -----------------------------------------------------------
+
+
+IMAGE_ARGS = ["--dataset", "digits", "--model", "resnet18", "--image_size", "8", "--max_train_samples", "64",
+              "--eval_split", "none", "--eval_strategy", "no", "--per_device_train_batch_size", "16",
+              "--num_train_epochs", "1", "--sb_strategy", "sb", "--sb_keep", "0.5", "--augment", "False",
+              "--use_cpu", "--disable_tqdm", "true", "--logging_steps", "1000"]
+TEXT_ARGS = ["--label_column", "sentiment", "--vocab_size", "80", "--hidden_size", "16", "--num_heads", "2",
+             "--num_layers", "1", "--intermediate_size", "32", "--max_length", "16",
+             "--per_device_train_batch_size", "16", "--num_train_epochs", "1", "--eval_split", "none",
+             "--eval_strategy", "no", "--use_cpu", "--disable_tqdm", "true", "--logging_steps", "1000"]
+
+
+@pytest.fixture(params=["train.py", "train_text.py"])
+def script(request, review_folder, monkeypatch):
+    """Runs one of the scripts with its arguments (tiny data), counting how often it loads data."""
+    name = request.param
+    loads = []
+    if name == "train.py":
+        import hf_selective_backprop.workflow as module
+
+        loader, attribute, common = module.load_image_data, "load_image_data", IMAGE_ARGS
+    else:
+        import hf_selective_backprop.data.text as module
+
+        loader, attribute, common = module.load_text_data, "load_text_data", [
+            "--dataset", str(review_folder), *TEXT_ARGS]
+
+    def counted(*args, **kwargs):
+        loads.append(1)
+        return loader(*args, **kwargs)
+
+    monkeypatch.setattr(module, attribute, counted)
+
+    def run(output_dir: Path, *extra: str) -> None:
+        monkeypatch.setattr(sys, "argv", [name, *common, "--output_dir", str(output_dir), *extra])
+        runpy.run_path(str(ROOT / "scripts" / name), run_name="__main__")
+
+    run.loads = loads
+    return run
+
+
+def test_a_finished_run_is_not_overwritten_without_the_flag(script, tmp_path):
+    out = tmp_path / "run"
+    script(out, "--save_strategy", "no")
+    finished = {name: (out / name).read_bytes() for name in ("model.safetensors", "README.md")}
+    before = sorted(path.name for path in out.iterdir())
+    loads = len(script.loads)
+    with pytest.raises(ValueError, match=r"^--output_dir '.*run' already holds a finished run \(model.safetensors\) "
+                       r"and other files \(.*README.md.*\), which a new run would overwrite. Pass "
+                       r"--overwrite_output_dir to train into it anyway"):
+        script(out, "--save_strategy", "no")
+    assert len(script.loads) == loads  # refused before any data was loaded
+    assert sorted(path.name for path in out.iterdir()) == before
+    assert all((out / name).read_bytes() == content for name, content in finished.items())
+
+    script(out, "--save_strategy", "no", "--overwrite_output_dir")  # the flag allows it
+    assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
+
+
+def test_a_users_checkpoint_folder_survives_and_an_unfinished_run_resumes_only_when_asked(script, tmp_path):
+    out = tmp_path / "run"
+    notes = user_checkpoint(out)
+    with pytest.raises(ValueError, match=r"already holds checkpoints \(checkpoint-5\), which a new run would "
+                       r"overwrite. Pass --resume_from_checkpoint True to continue the run saved there, "
+                       r"--overwrite_output_dir"):
+        script(out, "--save_strategy", "steps", "--save_steps", "1", "--save_total_limit", "1")
+    assert not script.loads
+    script(out, "--save_strategy", "steps", "--save_steps", "1", "--save_total_limit", "1", "--overwrite_output_dir")
+    assert notes.read_text() == "the user's own notes"
+    steps = checkpoint_steps(out)
+    assert len(steps) == 2 and 5 in steps  # the user's folder and the run's last checkpoint
+
+    # A resume into the run's own folder needs no flag.
+    last = out / f"checkpoint-{max(step for step in steps if step != 5)}"
+    script(out, "--save_strategy", "steps", "--save_steps", "1", "--save_total_limit", "1",
+           "--resume_from_checkpoint", str(last), "--num_train_epochs", "2")
+    assert notes.read_text() == "the user's own notes"
+    assert len(checkpoint_steps(out)) == 2 and max(checkpoint_steps(out)) > int(last.name.split("-")[1])

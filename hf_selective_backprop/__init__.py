@@ -3,13 +3,33 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
-__all__ = ["SelectiveBackpropConfig", "SelectiveBackpropTrainer"]
+__all__ = [
+    "SelectiveBackpropArguments",
+    "SelectiveBackpropConfig",
+    "SelectiveBackpropMixin",
+    "SelectiveBackpropSeq2SeqConfig",
+    "SelectiveBackpropSeq2SeqTrainer",
+    "SelectiveBackpropTrainer",
+]
+if importlib.util.find_spec("trl") is not None:
+    __all__ += ["SelectiveBackpropSFTConfig", "SelectiveBackpropSFTTrainer"]
 __version__ = "0.1.0"
 
 # Importing transformers' Trainer takes seconds; the pure pieces (selectors, history, store,
 # queue) should not pay for it, so the public classes load on first use.
-_LAZY = {"SelectiveBackpropConfig": ".config", "SelectiveBackpropTrainer": ".trainer"}
+# The TRL pair loads only where trl is installed (the "trl" extra).
+_LAZY = {
+    "SelectiveBackpropArguments": ".config",
+    "SelectiveBackpropConfig": ".config",
+    "SelectiveBackpropMixin": ".trainer",
+    "SelectiveBackpropTrainer": ".trainer",
+    "SelectiveBackpropSeq2SeqConfig": ".seq2seq",
+    "SelectiveBackpropSeq2SeqTrainer": ".seq2seq",
+    "SelectiveBackpropSFTConfig": ".sft",
+    "SelectiveBackpropSFTTrainer": ".sft",
+}
 
 
 def __getattr__(name: str):

@@ -37,8 +37,10 @@ def queue_padding(data_collator, processing_class, label_name: str = "labels", t
         "pad_to_multiple_of": getattr(data_collator, "pad_to_multiple_of", None),
     }
     if encoder_decoder:
-        # The model shifts the labels right into its decoder inputs, padding them with the pad token.
+        # The collator shifts the labels right into the decoder inputs. Padding them with the pad token
+        # changes nothing scored: past a row's last label, the causal decoder's inputs reach no scored position.
         pad_values |= {"decoder_input_ids": pad_id, "decoder_attention_mask": 0}
         padding["sequence_groups"] = dict.fromkeys((label_name, "decoder_input_ids", "decoder_attention_mask"),
                                                    "decoder")
+        padding["derived_columns"] = ("decoder_input_ids",)
     return padding

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +28,9 @@ class BatchQueue:
         sequence_groups: for padded columns with a sequence dimension of their own, the name of
             the group that shares it, e.g. an encoder-decoder's ``{"labels": "decoder",
             "decoder_input_ids": "decoder"}`` beside the source text; unnamed columns share one.
+        derived_columns: padded columns computed from others of their group, which do not decide
+            where a row's padding starts: decoder inputs are the labels shifted right, so their last
+            token is the label before the last one.
     """
 
     def __init__(
@@ -36,6 +39,7 @@ class BatchQueue:
         padding_side: str = "right",
         pad_to_multiple_of: int | None = None,
         sequence_groups: Mapping[str, str] | None = None,
+        derived_columns: Collection[str] = (),
     ):
         if padding_side not in PADDING_SIDES:
             raise ValueError(f"padding_side must be one of {', '.join(PADDING_SIDES)}, got {padding_side!r}")
@@ -45,6 +49,7 @@ class BatchQueue:
         self.padding_side = padding_side
         self.pad_to_multiple_of = pad_to_multiple_of
         self.sequence_groups = dict(sequence_groups or {})
+        self.derived_columns = frozenset(derived_columns)
         self._chunks: list[dict[str, torch.Tensor]] = []
         self._rows = 0
 
@@ -161,7 +166,7 @@ class BatchQueue:
     def _trim_group(self, batch: dict[str, torch.Tensor], keys: list[str]) -> dict[str, torch.Tensor]:
         width = batch[keys[0]].shape[1]
         real = torch.zeros(width, dtype=torch.bool, device=batch[keys[0]].device)
-        for key in keys:
+        for key in [key for key in keys if key not in self.derived_columns] or keys:
             # A column is real where any padded input differs from its pad value: the attention
             # mask marks real tokens even where input_ids hold the pad id (e.g. pad = eos).
             differs = batch[key] != self.pad_values[key]

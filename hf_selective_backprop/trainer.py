@@ -26,9 +26,9 @@ from .config import SelectiveBackpropArguments
 from .engine import SelectionEngine, checkpointing, run_record
 from .engine.callback import SelectionFlowCallback
 from .engine.data_state import DataState, stateful_sources
-from .engine.engine import WEIGHT_KEY
+from .engine.engine import WEIGHT_KEY, check_rows
 from .engine.epoch_plan import PlannedSampler
-from .indexing import ids_by_position, with_index_column
+from .indexing import ids_by_position, keeping_ids, with_index_column
 from .losses import check_per_example_loss, model_task, per_example_loss_for, weighted_loss
 from .padding import queue_padding
 from .plan import TrainingPlan
@@ -97,11 +97,15 @@ class SelectiveBackpropMixin:
         if isinstance(dataset, datasets.Dataset):
             dataset = self._remove_unused_columns(dataset, description="training")
         collator = self._get_collator_with_removed_columns(self.data_collator, description="training")
-        rows = range(min(2, len(dataset)))
+
+        def first_rows() -> dict:
+            batch = collator([dataset[i] for i in range(min(2, len(dataset)))])
+            check_rows(batch)
+            return self._prepare_inputs(batch)
+
         check_per_example_loss(
-            self.model, self.engine.scorer, lambda: self._prepare_inputs(collator([dataset[i] for i in rows])),
-            self.args.sb_index_column, stateful_sources(self.train_dataset, self.data_collator),
-            self.per_example_loss_func,
+            self.model, self.engine.scorer, first_rows, self.args.sb_index_column,
+            stateful_sources(self.train_dataset, self.data_collator), self.per_example_loss_func,
         )
 
     def _build_engine(self) -> SelectionEngine:
@@ -146,7 +150,7 @@ class SelectiveBackpropMixin:
         )
         collator = self.data_collator
         # Wrapped for the training loader only: evaluation batches are not read by the engine.
-        self.data_collator = data_state.wrap(collator)
+        self.data_collator = data_state.wrap(keeping_ids(collator, args.sb_index_column))
         try:
             loader = self._get_dataloader(
                 self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler, is_training=True

@@ -240,7 +240,7 @@ class SelectionEngine:
         --sb_selection_scale / --sb_selection_channels_last inputs fails now, not when the schedule
         (sb_start, warm-up epochs) first turns selection on."""
         self.inputs_checked = True
-        _check_rows(batch)
+        check_rows(batch)
         if self.selector.needs_losses:
             self.scorer.check_inputs(model, {k: v[:1] for k, v in batch.items() if k != self.index_column})
 
@@ -351,7 +351,7 @@ class SelectionEngine:
         self.store.update(all_ids, all_losses, self.epoch)
 
 
-def _check_rows(batch: dict) -> None:
+def check_rows(batch: dict) -> None:
     """Every entry of a batch must hold one row per example: selection keeps and regroups rows."""
     sizes = {key: value.shape[0] if torch.is_tensor(value) and value.dim() > 0 else None
              for key, value in batch.items()}

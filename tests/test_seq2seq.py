@@ -1,5 +1,7 @@
 """Seq2SeqTrainer + selection: encoder-decoder LMs (T5, BART) with DataCollatorForSeq2Seq."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from datasets import Dataset
@@ -77,3 +79,6 @@ def test_none_is_exactly_seq2seq_trainer(output_dir, tokenizer):
     ours = run(SelectiveBackpropSeq2SeqTrainer, SelectiveBackpropSeq2SeqConfig, sb_strategy="none")
     assert ours.state.global_step == reference.state.global_step
     assert torch.equal(weights(ours.model), weights(reference.model))
+    ours.create_model_card()
+    card = (Path(output_dir) / "README.md").read_text()
+    assert "pipeline_tag: text2text-generation" in card and "- selective-backprop" in card

@@ -1,6 +1,8 @@
 """TRL's SFTTrainer + selection: masks, packing, exact equality with SFTTrainer, resume, two processes."""
 
+import json
 import os
+import runpy
 import subprocess
 import sys
 import warnings
@@ -11,7 +13,9 @@ import pytest
 trl = pytest.importorskip("trl", reason="the SFT pair needs TRL: pip install '.[trl]'")
 
 import torch  # noqa: E402
+from huggingface_hub import ModelCard  # noqa: E402
 from sft_data import language_modelling, prompt_completion, sft_model, sft_tokenizer  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 from hf_selective_backprop import SelectiveBackpropSFTConfig, SelectiveBackpropSFTTrainer  # noqa: E402
@@ -122,3 +126,23 @@ def test_two_processes_select_in_lockstep(tmp_path):
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])
     assert ranks[0]["backwards"] == ranks[1]["backwards"] > 0
     assert ranks[0]["stale_lookups"] > 0
+
+
+def test_the_sft_script_trains_offline_and_writes_model_tokenizer_and_card(review_folder, tmp_path, monkeypatch):
+    out = tmp_path / "sft"
+    monkeypatch.setattr(sys, "argv", [
+        "train_sft.py", "--dataset", str(review_folder), "--text_column", "review", "--sb_keep", "0.5",
+        "--vocab_size", "60", "--num_layers", "1", "--hidden_size", "16", "--num_heads", "2",
+        "--intermediate_size", "32", "--max_length", "16", "--per_device_train_batch_size", "16",
+        "--use_cpu", "--disable_tqdm", "true", "--dataset_num_proc", "1", "--output_dir", str(out),
+    ])
+    runpy.run_path(str(ROOT / "scripts" / "train_sft.py"), run_name="__main__")
+    stats = json.loads((out / "sb_stats.json").read_text())
+    assert stats["selection_forwards"] == 96 and 0 < stats["backwards"] < 96
+    assert "eval_perplexity" in json.loads((out / "eval_results.json").read_text())
+    card = ModelCard.load(out / "README.md")
+    assert card.data.pipeline_tag == "text-generation" and {"trl", "sft"} <= set(card.data.tags)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    # The script's tokenizer opens a text with [CLS]; SFTTrainer closes it with the end-of-text token.
+    assert tokenizer("great acting")["input_ids"][0] == tokenizer.cls_token_id
+    assert AutoModelForCausalLM.from_pretrained(out).config.n_layer == 1

@@ -177,7 +177,8 @@ class ExampleLoss:
             step = per_chunk // width
             chunks = [(slice(r, r + step), slice(None)) for r in range(0, rows, step)]
         else:
-            chunks = [(slice(r, r + 1), slice(t, t + per_chunk)) for r in range(rows) for t in range(0, width, per_chunk)]
+            chunks = [(slice(r, r + 1), slice(t, t + per_chunk))
+                      for r in range(rows) for t in range(0, width, per_chunk)]
         for row_slice, column_slice in chunks:
             chunk_labels = labels[row_slice, column_slice]
             tokens[row_slice, column_slice] = F.cross_entropy(
@@ -253,8 +254,8 @@ def check_per_example_loss(model, scorer, make_batch: Callable[[], dict], index_
         with torch.random.fork_rng(devices=devices):
             losses = scorer(model, inputs)
     except (KeyError, IndexError, RuntimeError, ValueError) as error:
-        if isinstance(error, ValueError) and "column" in str(error):
-            raise  # the data's error (a missing label column, labels out of range) names its fix
+        if isinstance(error, ValueError) and "per_example_loss_func" not in str(error):
+            raise  # an error of the data or of a flag, which names its own fix
         raise ValueError(f"{advice} ({type(error).__name__}: {error})") from error
     if losses.shape != (rows,):
         raise ValueError(f"{advice} (it gave shape {tuple(losses.shape)} for a batch of {rows})")

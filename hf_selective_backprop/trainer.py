@@ -2,9 +2,10 @@
 
 `SelectiveBackpropTrainer` is the mixin on transformers' `Trainer`; `seq2seq.py` and `sft.py` put it
 on `Seq2SeqTrainer` and TRL's `SFTTrainer`. The Trainer's own loop, optimizer step and gradient
-accumulation stay untouched. The mixin only wires `SelectionEngine` into the Trainer's hooks: the sampler (decisions before loading), the
-epoch start, `get_batch_samples` (selection batches in, exactly `gradient_accumulation_steps`
-full micro-batches out), `compute_loss` (weights, store refresh), logging and checkpoints.
+accumulation stay untouched. The mixin only wires `SelectionEngine` into the Trainer's hooks: the
+sampler (decisions before loading), the epoch start, `get_batch_samples` (selection batches in,
+exactly `gradient_accumulation_steps` full micro-batches out), `compute_loss` (weights, store
+refresh), logging and checkpoints.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ DEFAULTS = dict(
 class SFTDataArguments:
     dataset: str = field(
         default="stanfordnlp/sst2",
-        metadata={"help": "Hub id or local folder (Hub layout, e.g. ../shared/data/sst2) of a dataset with a text column."},
+        metadata={"help": "Hub id or local folder (Hub layout, e.g. ../shared/data/sst2) of a dataset with a "
+                  "text column."},
     )
     text_column: str | None = field(
         default=None, metadata={"help": "Text column (default: 'sentence', 'text', ... or the only string column)."}

@@ -13,6 +13,7 @@ import pytest
 trl = pytest.importorskip("trl", reason="the SFT pair needs TRL: pip install '.[trl]'")
 
 import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
 from huggingface_hub import ModelCard  # noqa: E402
 from sft_data import language_modelling, prompt_completion, sft_model, sft_tokenizer  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
@@ -146,3 +147,38 @@ def test_the_sft_script_trains_offline_and_writes_model_tokenizer_and_card(revie
     # The script's tokenizer opens a text with [CLS]; SFTTrainer closes it with the end-of-text token.
     assert tokenizer("great acting")["input_ids"][0] == tokenizer.cls_token_id
     assert AutoModelForCausalLM.from_pretrained(out).config.n_layer == 1
+
+
+def test_assistant_masks_leave_only_assistant_tokens_in_each_examples_loss(output_dir, tokenizer):
+    """A tokenized conversation's assistant_masks (as TRL's chat templates return them) set the labels."""
+    rows = [tokenizer("review : great acting good")["input_ids"], tokenizer("review : dull bad")["input_ids"]]
+    masks = [[0, 0, 0, 0, 1], [0, 0, 0, 1]]
+    data = Dataset.from_dict({"input_ids": rows * 4, "assistant_masks": masks * 4})
+    trainer = trainer_for(output_dir, tokenizer, data)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
+    inputs = {key: value for key, value in batch.items() if key != "index"}
+    with torch.no_grad():
+        own = SFTTrainer.compute_loss(trainer, trainer.model, dict(inputs))
+        scored = trainer.engine.scorer(trainer.model, inputs)
+        logits = trainer.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+    # One assistant token per conversation: its loss is the next-token loss of that token alone.
+    for row, position in ((0, 4), (1, 3)):
+        token = inputs["input_ids"][row, position]
+        expected = torch.nn.functional.cross_entropy(logits[row, position - 1], token)
+        assert torch.allclose(scored[row], expected, atol=1e-5)
+    assert torch.allclose(scored.mean(), own, atol=1e-6)
+
+
+def test_weights_of_one_train_exactly_as_sft_trainer_with_accumulation(output_dir, tokenizer):
+    """sb keeping every row with weight 1 (P = 1): the weighted loss is SFTTrainer's own."""
+    settings = dict(gradient_accumulation_steps=2, lr_scheduler_type="constant", logging_steps=1, num_train_epochs=1)
+    reference = trainer_for(output_dir, tokenizer, prompt_completion(32), SFTTrainer, **settings)
+    reference.train()
+    ours = trainer_for(output_dir, tokenizer, prompt_completion(32), sb_importance_weighting=True, sb_min_prob=1.0,
+                       **settings)
+    ours.train()
+    assert ours.state.global_step == reference.state.global_step == 4
+    losses = [entry["loss"] for entry in ours.state.log_history if "loss" in entry]
+    expected = [entry["loss"] for entry in reference.state.log_history if "loss" in entry]
+    assert losses == pytest.approx(expected, rel=1e-5)
+    assert torch.allclose(weights(ours.model), weights(reference.model), atol=1e-6)

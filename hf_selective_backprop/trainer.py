@@ -79,7 +79,10 @@ class SelectiveBackpropMixin:
             self.train_dataset = with_index_column(self.train_dataset, self.args.sb_index_column)
         self.add_callback(SelectionFlowCallback(self))
         self.engine = self._build_engine()
-        if per_example_loss_func is None:
+        selector = self.selector
+        if per_example_loss_func is None and (
+            selector.needs_losses or selector.produces_weights or self.engine.records_training_losses
+        ):
             self._check_automatic_loss()
 
     #: The arguments class that error messages suggest.

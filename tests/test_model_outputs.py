@@ -65,6 +65,8 @@ def test_stale_sb_trains_a_model_that_returns_a_loss_logits_tuple(output_dir):
 def test_outputs_the_automatic_loss_does_not_fit_are_refused_at_construction(output_dir, model, data, message):
     with pytest.raises(ValueError, match=message):
         SelectiveBackpropTrainer(model=model(), train_dataset=data(), args=make_config(output_dir))
+    # A strategy that reads no loss needs none.
+    SelectiveBackpropTrainer(model=model(), train_dataset=data(), args=make_config(output_dir, sb_strategy="uniform"))
     # With a per-example loss of one's own it trains.
     trainer = SelectiveBackpropTrainer(
         model=model(), train_dataset=data(), args=make_config(output_dir, num_train_epochs=1),

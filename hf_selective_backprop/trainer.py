@@ -53,6 +53,8 @@ class SelectiveBackpropMixin:
 
     #: The engine class built for each training run; a subclass can record or change what it does.
     engine_class = SelectionEngine
+    #: The arguments class that error messages suggest.
+    config_class_name = "SelectiveBackpropConfig"
 
     def __init__(self, *args, per_example_loss_func=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -84,9 +86,6 @@ class SelectiveBackpropMixin:
             selector.needs_losses or selector.produces_weights or self.engine.records_training_losses
         ):
             self._check_automatic_loss()
-
-    #: The arguments class that error messages suggest.
-    config_class_name = "SelectiveBackpropConfig"
 
     def _automatic_per_example_loss(self, label_smoothing: float):
         """The per-example loss matching the model's own, when the user passes none."""

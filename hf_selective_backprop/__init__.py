@@ -13,8 +13,9 @@ __all__ = [
     "SelectiveBackpropSeq2SeqTrainer",
     "SelectiveBackpropTrainer",
 ]
+_TRL_NAMES = ["SelectiveBackpropSFTConfig", "SelectiveBackpropSFTTrainer"]
 if importlib.util.find_spec("trl") is not None:
-    __all__ += ["SelectiveBackpropSFTConfig", "SelectiveBackpropSFTTrainer"]
+    __all__ += _TRL_NAMES
 __version__ = "0.1.0"
 
 # Importing transformers' Trainer takes seconds; the pure pieces (selectors, history, store,
@@ -33,6 +34,8 @@ _LAZY = {
 
 
 def __getattr__(name: str):
+    if name in _TRL_NAMES and importlib.util.find_spec("trl") is None:
+        raise ImportError(f"{name} needs TRL: pip install 'hf-selective-backprop[trl]'")
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -78,6 +78,13 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
 
     config_class_name = "SelectiveBackpropSFTConfig"
 
+    def __init__(self, model, args=None, *rest, **kwargs):
+        # SFTTrainer rebuilds other TrainingArguments as an SFTConfig, which has no sb_* fields.
+        if args is not None and not isinstance(args, SelectiveBackpropSFTConfig):
+            raise TypeError(f"{type(self).__name__} needs args of type SelectiveBackpropSFTConfig (SFTConfig with the "
+                            f"sb_* fields), got {type(args).__name__}")
+        super().__init__(model, args, *rest, **kwargs)
+
     def _automatic_per_example_loss(self, label_smoothing: float):
         return SFTExampleLoss(self.args.loss_type, getattr(self.model, "config", None), self.label_name)
 

@@ -1,5 +1,7 @@
 """The mixins: sb_* arguments on any TrainingArguments subclass, selection on any Trainer subclass."""
 
+import subprocess
+import sys
 from dataclasses import dataclass, field
 
 import pytest
@@ -68,3 +70,20 @@ def test_arguments_without_the_sb_fields_name_the_pairs_config(output_dir):
                                         "SelectiveBackpropSeq2SeqConfig.*got Seq2SeqTrainingArguments"):
         SelectiveBackpropSeq2SeqTrainer(model=TinyClassifier(), train_dataset=make_dataset(8),
                                         args=Seq2SeqTrainingArguments(output_dir, use_cpu=True, report_to=[]))
+
+
+def test_the_package_and_its_other_pairs_import_without_trl():
+    script = (
+        "import sys; sys.modules['trl'] = None\n"
+        "import hf_selective_backprop as h\n"
+        "assert 'SelectiveBackpropSFTTrainer' not in h.__all__\n"
+        "assert h.SelectiveBackpropSeq2SeqTrainer and h.SelectiveBackpropMixin\n"
+        "try:\n"
+        "    h.SelectiveBackpropSFTTrainer\n"
+        "except ImportError as error:\n"
+        "    assert \"pip install 'hf-selective-backprop[trl]'\" in str(error), error\n"
+        "else:\n"
+        "    raise AssertionError('no ImportError')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]

@@ -182,3 +182,13 @@ def test_weights_of_one_train_exactly_as_sft_trainer_with_accumulation(output_di
     expected = [entry["loss"] for entry in reference.state.log_history if "loss" in entry]
     assert losses == pytest.approx(expected, rel=1e-5)
     assert torch.allclose(weights(ours.model), weights(reference.model), atol=1e-6)
+
+
+def test_other_arguments_are_refused_naming_the_sft_config(output_dir, tokenizer):
+    from hf_selective_backprop import SelectiveBackpropConfig
+
+    for args in (SelectiveBackpropConfig(output_dir, use_cpu=True), SFTConfig(output_dir, use_cpu=True, bf16=False)):
+        message = f"needs args of type SelectiveBackpropSFTConfig.*got {type(args).__name__}"
+        with pytest.raises(TypeError, match=message):
+            SelectiveBackpropSFTTrainer(model=sft_model(tokenizer), args=args, train_dataset=language_modelling(),
+                                        processing_class=tokenizer)

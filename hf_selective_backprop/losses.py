@@ -230,7 +230,7 @@ def recognized_head(model) -> bool:
 def check_per_example_loss(model, scorer, make_batch: Callable[[], dict], index_column: str,
                            sources: dict, loss_fn: PerExampleLoss) -> None:
     """Score one small batch with ``scorer`` and raise a ValueError naming the model class and
-    ``per_example_loss_func`` unless it gives one finite-shaped loss per example.
+    ``per_example_loss_func`` unless it gives a tensor of one loss per example.
 
     ``make_batch`` collates the batch; the random state it may draw from (the global RNG and the
     ``state_dict`` of ``sources``: an augmenting dataset or collator) is restored afterwards, so the

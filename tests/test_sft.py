@@ -72,8 +72,9 @@ def test_selection_trains_sft_without_a_second_forward(output_dir, tokenizer, da
     assert any("mean_token_accuracy" in entry for entry in trainer.state.log_history)
 
 
-def test_per_example_loss_is_trls_loss_over_completion_tokens_only(output_dir, tokenizer):
-    trainer = trainer_for(output_dir, tokenizer, prompt_completion(8))
+@pytest.mark.parametrize("loss_type", ["nll", "dft"])
+def test_per_example_loss_is_trls_loss_over_completion_tokens_only(output_dir, tokenizer, loss_type):
+    trainer = trainer_for(output_dir, tokenizer, prompt_completion(8), loss_type=loss_type)
     assert trainer.completion_only_loss
     batch = trainer.data_collator([trainer.train_dataset[i] for i in range(8)])
     labels = batch["labels"]
@@ -87,8 +88,13 @@ def test_per_example_loss_is_trls_loss_over_completion_tokens_only(output_dir, t
     # The prompt is -100 in the labels: only the completion (" good" or " bad", then EOS) is scored.
     assert torch.equal(counts, torch.full((8,), 2))
     assert torch.allclose((scored * counts).sum() / counts.sum(), own, atol=1e-6)
-    # The same as transformers' causal-LM loss of each example on the full logits.
-    assert torch.allclose(scored, per_example_loss_for(trainer.model)(logits, labels), atol=1e-5)
+    # The same as transformers' causal-LM loss of each example on the full logits (DFT: times each token's probability).
+    tokens = torch.nn.functional.cross_entropy(logits.logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none")
+    if loss_type == "dft":
+        tokens = tokens * torch.exp(-tokens)
+    assert torch.allclose(scored, tokens.sum(1) / counts, atol=1e-5)
+    if loss_type == "nll":
+        assert torch.allclose(scored, per_example_loss_for(trainer.model)(logits, labels), atol=1e-5)
 
 
 def test_none_is_exactly_sft_trainer(output_dir, tokenizer):

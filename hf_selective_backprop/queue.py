@@ -182,7 +182,8 @@ class BatchQueue:
         if keep == width:
             return batch
         columns = slice(0, keep) if self.padding_side == "right" else slice(width - keep, width)
-        return {key: value[:, columns] if key in keys else value for key, value in batch.items()}
+        # Contiguous: a model may view() its labels (T5 does), which a column slice does not allow.
+        return {key: value[:, columns].contiguous() if key in keys else value for key, value in batch.items()}
 
     def clear(self) -> None:
         self._chunks, self._rows = [], 0

@@ -9,6 +9,7 @@ from text_tiny import NEGATIVE, POSITIVE, tiny_bart, tiny_t5, word_tokenizer
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from hf_selective_backprop import SelectiveBackpropSeq2SeqConfig, SelectiveBackpropSeq2SeqTrainer
+from hf_selective_backprop.checkpoints import RANK_STATE_FILE
 
 TEXTS = POSITIVE + NEGATIVE
 MODELS = {"t5": tiny_t5, "bart": tiny_bart}
@@ -82,3 +83,27 @@ def test_none_is_exactly_seq2seq_trainer(output_dir, tokenizer):
     ours.create_model_card()
     card = (Path(output_dir) / "README.md").read_text()
     assert "pipeline_tag: text2text-generation" in card and "- selective-backprop" in card
+
+
+def test_resume_with_queued_targets_of_different_lengths_reaches_the_same_weights(tmp_path, tokenizer):
+    # Selection batches of 6 and steps of 4 leave rows of earlier batches queued at the checkpoint.
+    settings = dict(SETTINGS, sb_staleness=2, sb_selection_batch_size=6, num_train_epochs=3)
+
+    def run(output_dir, resume=None, **extra):
+        model = tiny_t5(tokenizer)
+        trainer = SelectiveBackpropSeq2SeqTrainer(
+            model=model, args=SelectiveBackpropSeq2SeqConfig(output_dir, **{**settings, **extra}),
+            train_dataset=reversal_data(tokenizer), processing_class=tokenizer,
+            data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        )
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    full = run(str(tmp_path / "full"))
+    partial = str(tmp_path / "partial")
+    run(partial, save_strategy="steps", save_steps=3)
+    saved = torch.load(Path(partial) / "checkpoint-3" / RANK_STATE_FILE.format(rank=0), weights_only=False)
+    assert len(saved["queue"]["rows"]["labels"]) > 0
+    resumed = run(partial, str(Path(partial) / "checkpoint-3"), save_strategy="steps", save_steps=3)
+    assert resumed.state.global_step == full.state.global_step
+    assert torch.equal(weights(resumed.model), weights(full.model))

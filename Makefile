@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# The exact PyTorch build is pinned here, not in the package's requirements.
 	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install --quiet -e ".[dev,benchmarks]"
+	$(PY) -m pip install --quiet -e ".[dev,benchmarks,trl]"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -3,16 +3,39 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 
-__all__ = ["SelectiveBackpropConfig", "SelectiveBackpropTrainer"]
+__all__ = [
+    "SelectiveBackpropArguments",
+    "SelectiveBackpropConfig",
+    "SelectiveBackpropMixin",
+    "SelectiveBackpropSeq2SeqConfig",
+    "SelectiveBackpropSeq2SeqTrainer",
+    "SelectiveBackpropTrainer",
+]
+_TRL_NAMES = ["SelectiveBackpropSFTConfig", "SelectiveBackpropSFTTrainer"]
+if importlib.util.find_spec("trl") is not None:
+    __all__ += _TRL_NAMES
 __version__ = "0.1.0"
 
 # Importing transformers' Trainer takes seconds; the pure pieces (selectors, history, store,
 # queue) should not pay for it, so the public classes load on first use.
-_LAZY = {"SelectiveBackpropConfig": ".config", "SelectiveBackpropTrainer": ".trainer"}
+# The TRL pair loads only where trl is installed (the "trl" extra).
+_LAZY = {
+    "SelectiveBackpropArguments": ".config",
+    "SelectiveBackpropConfig": ".config",
+    "SelectiveBackpropMixin": ".trainer",
+    "SelectiveBackpropTrainer": ".trainer",
+    "SelectiveBackpropSeq2SeqConfig": ".seq2seq",
+    "SelectiveBackpropSeq2SeqTrainer": ".seq2seq",
+    "SelectiveBackpropSFTConfig": ".sft",
+    "SelectiveBackpropSFTTrainer": ".sft",
+}
 
 
 def __getattr__(name: str):
+    if name in _TRL_NAMES and importlib.util.find_spec("trl") is None:
+        raise ImportError(f"{name} needs TRL: pip install 'hf-selective-backprop[trl]'")
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

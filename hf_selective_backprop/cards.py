@@ -22,7 +22,10 @@ TASKS = {
     "image-classification": "Image Classification",
     "text-classification": "Text Classification",
     "text-generation": "Text Generation",
+    "text2text-generation": "Text2Text Generation",
 }
+# Language models by the loss they train (`losses.model_task`): GPT-2's head is no "...ForCausalLM".
+_TASK_OF_LOSS = {"causal-lm": "text-generation", "seq2seq-lm": "text2text-generation"}
 # Model class name endings of transformers' task heads; anything else is taken for an image classifier.
 _TASK_OF_HEAD = {
     "ForImageClassification": "image-classification",
@@ -171,7 +174,9 @@ def write_trainer_card(
         model_class=type(model).__name__,
         stats=training_costs(trainer),
         task=task,
-        tags=[*(["timm"] if is_timm else []), *_listify(tags), "generated_from_trainer"],
+        # A trainer's own tags too: TRL's SFTTrainer tags its models "trl" and "sft".
+        tags=[*(["timm"] if is_timm else []), *getattr(trainer, "_tag_names", []), *_listify(tags),
+              "generated_from_trainer"],
         dataset=next((i for i in ids if i), None),
         accuracy=_last_logged(trainer, "eval_accuracy"),
         eval_split=eval_split,
@@ -268,6 +273,10 @@ def _architecture(model) -> str:
 
 
 def _task_of(model) -> str:
+    from .losses import model_task
+
+    if model_task(model) in _TASK_OF_LOSS:
+        return _TASK_OF_LOSS[model_task(model)]
     name = type(model).__name__
     return next((task for ending, task in _TASK_OF_HEAD.items() if name.endswith(ending)), "image-classification")
 

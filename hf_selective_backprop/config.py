@@ -1,4 +1,9 @@
-"""`SelectiveBackpropConfig`: TrainingArguments plus the `sb_*` flags of every strategy."""
+"""The `sb_*` flags of every strategy (`SelectiveBackpropArguments`) and `SelectiveBackpropConfig`.
+
+`SelectiveBackpropArguments` is a dataclass mixin: combined with any `TrainingArguments` subclass
+(TRL's `SFTConfig`, `Seq2SeqTrainingArguments`, ...) it adds the flags and checks them after the
+base class's own `__post_init__`, so `HfArgumentParser` parses both sets of flags at once.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +27,8 @@ MAX_HISTORY_SIZE = 10**8
 
 
 @dataclass
-class SelectiveBackpropConfig(TrainingArguments):
-    """Training arguments for `SelectiveBackpropTrainer`.
+class SelectiveBackpropArguments:
+    """The `sb_*` flags, to mix into a `TrainingArguments` subclass (listed first among the bases).
 
     An *epoch* is one pass of the training data through selection: every example is either
     scored by a selection forward or (in a Stale-SB epoch) looked up in the loss store. The
@@ -209,7 +214,10 @@ class SelectiveBackpropConfig(TrainingArguments):
     )
 
     def __post_init__(self):
-        super().__post_init__()
+        # The training arguments' own checks first: the sb checks read their fields (batch sizes, max_steps).
+        base_post_init = getattr(super(), "__post_init__", None)
+        if base_post_init is not None:
+            base_post_init()
         self._validate_sb()
 
     def _validate_sb(self) -> None:
@@ -335,3 +343,8 @@ class SelectiveBackpropConfig(TrainingArguments):
     def sb_presample_value(self) -> float:
         """Presampling factor of 'kath18': given, or 1/keep."""
         return self.sb_presample if self.sb_presample is not None else 1.0 / self.sb_keep_fraction
+
+
+@dataclass
+class SelectiveBackpropConfig(SelectiveBackpropArguments, TrainingArguments):
+    """Training arguments for `SelectiveBackpropTrainer`: `TrainingArguments` plus the `sb_*` flags."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy
 import torch
 from datasets import Dataset as HFDataset
@@ -39,6 +41,19 @@ def with_index_column(dataset, column: str):
     if len(dataset) and isinstance(dataset[0], dict) and column in dataset[0]:
         return dataset
     return IndexedDataset(dataset, column)
+
+
+def keeping_ids(collate_fn, column: str):
+    """``collate_fn`` that keeps the id column of dict examples where it drops unknown keys (as TRL's
+    language-modelling collator does): selection needs each row's id."""
+
+    def collate(features):
+        batch = collate_fn(features)
+        if column not in batch and features and isinstance(features[0], Mapping) and column in features[0]:
+            batch[column] = torch.tensor([int(feature[column]) for feature in features])
+        return batch
+
+    return collate
 
 
 def _own_ids(dataset) -> torch.Tensor | None:

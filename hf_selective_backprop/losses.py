@@ -11,6 +11,7 @@ the Trainer's ``num_items_in_batch`` when it passes one.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 
 import torch
@@ -19,16 +20,36 @@ import torch.nn.functional as F
 #: (model outputs, labels) -> one loss per example, shape (batch,).
 PerExampleLoss = Callable[[object, torch.Tensor], torch.Tensor]
 
-TASKS = ("classification", "token-classification", "causal-lm")
+TASKS = ("classification", "token-classification", "causal-lm", "seq2seq-lm")
 IGNORE_INDEX = -100
+#: Logit elements (tokens x vocabulary) turned into float32 at a time by the token losses: bounds the
+#: selection pass's extra memory for large vocabularies (64 MiB of float32 per chunk).
+TOKEN_CHUNK_ELEMENTS = 1 << 24
 
 
 def logits_of(outputs) -> torch.Tensor:
+    """The logits in a model's outputs, found as `Trainer.prediction_step` finds them.
+
+    A tuple (``return_dict=False``) starts with the loss when the model was given labels; a dict
+    without a ``logits`` key must hold exactly one tensor besides ``loss``.
+    """
     if torch.is_tensor(outputs):
         return outputs
     if isinstance(outputs, dict):
-        return outputs["logits"]
-    return outputs.logits if hasattr(outputs, "logits") else outputs[0]
+        if outputs.get("logits") is not None:
+            return outputs["logits"]
+        others = {key: value for key, value in outputs.items() if key != "loss" and torch.is_tensor(value)}
+        if len(others) != 1:
+            raise ValueError(
+                f"the model's outputs have no 'logits' and not exactly one other tensor (keys: {sorted(outputs)}): "
+                "pass per_example_loss_func=(outputs, labels) -> one loss per example"
+            )
+        return next(iter(others.values()))
+    if hasattr(outputs, "logits"):
+        return outputs.logits
+    # The Trainer's convention: (loss, logits, ...) when the forward had labels, (logits, ...) without.
+    first = outputs[0]
+    return outputs[1] if torch.is_tensor(first) and first.dim() == 0 and len(outputs) > 1 else first
 
 
 def check_class_labels(labels: torch.Tensor, num_classes: int, label_name: str = "labels") -> None:
@@ -78,8 +99,9 @@ class ExampleLoss:
 
     Args:
         task: ``"classification"`` (sequence or image classification: transformers' problem_type
-            rules for single-label, multi-label and regression), ``"token-classification"`` or
-            ``"causal-lm"`` (token t's logits predict label t+1, as transformers' causal-LM loss).
+            rules for single-label, multi-label and regression), ``"token-classification"``,
+            ``"causal-lm"`` (token t's logits predict label t+1, as transformers' causal-LM loss) or
+            ``"seq2seq-lm"`` (an encoder-decoder LM: token t's logits predict label t, no shift).
         config: the model's config; its ``problem_type`` and ``num_labels`` pick the classification
             loss. Without one, classification is single-label cross-entropy.
         label_smoothing: the Trainer's ``label_smoothing_factor``. Applied to class and token
@@ -105,7 +127,7 @@ class ExampleLoss:
         logits = logits_of(outputs)
         if self.task == "causal-lm":
             return self._token_losses(logits[:, :-1], labels[:, 1:])
-        if self.task == "token-classification":
+        if self.task in ("token-classification", "seq2seq-lm"):
             return self._token_losses(logits, labels)
         problem_type = self.problem_type(labels)
         if problem_type == "single_label_classification":
@@ -146,13 +168,26 @@ class ExampleLoss:
 
     def _token_losses(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         check_class_labels(labels, logits.shape[-1], self.label_name)
-        tokens = F.cross_entropy(
-            logits.float().flatten(0, 1),
-            labels.flatten(),
-            reduction="none",
-            ignore_index=IGNORE_INDEX,
-            label_smoothing=self.label_smoothing,
-        ).view(labels.shape)
+        rows, width, vocabulary = logits.shape
+        tokens = torch.zeros(rows, width, dtype=torch.float32, device=logits.device)
+        # A float32 copy of all [rows * width, vocabulary] logits would be gigabytes for a large
+        # vocabulary: convert and score TOKEN_CHUNK_ELEMENTS of them at a time.
+        per_chunk = max(1, TOKEN_CHUNK_ELEMENTS // vocabulary)
+        if per_chunk >= width:
+            step = per_chunk // width
+            chunks = [(slice(r, r + step), slice(None)) for r in range(0, rows, step)]
+        else:
+            chunks = [(slice(r, r + 1), slice(t, t + per_chunk))
+                      for r in range(rows) for t in range(0, width, per_chunk)]
+        for row_slice, column_slice in chunks:
+            chunk_labels = labels[row_slice, column_slice]
+            tokens[row_slice, column_slice] = F.cross_entropy(
+                logits[row_slice, column_slice].float().flatten(0, 1),
+                chunk_labels.flatten(),
+                reduction="none",
+                ignore_index=IGNORE_INDEX,
+                label_smoothing=self.label_smoothing,
+            ).view(chunk_labels.shape)
         return tokens.sum(dim=1), (labels != IGNORE_INDEX).sum(dim=1).to(tokens.dtype)
 
 
@@ -163,11 +198,14 @@ def model_task(model) -> str:
     from transformers.loss.loss_utils import LOSS_MAPPING, ForCausalLMLoss
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
     )
 
     name = type(model).__name__
     config = getattr(model, "config", None)
+    if name in _names(MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES):
+        return "seq2seq-lm"
     shifts = LOSS_MAPPING.get(getattr(model, "loss_type", None)) is ForCausalLMLoss
     if (shifts and not getattr(config, "is_encoder_decoder", False)) or name in _names(
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
@@ -176,6 +214,51 @@ def model_task(model) -> str:
     if name in _names(MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES):
         return "token-classification"
     return "classification"
+
+
+def recognized_head(model) -> bool:
+    """Whether ``model`` is a transformers task head whose loss `model_task` reads (so the automatic
+    per-example loss is known to fit it, not a guess)."""
+    from transformers.models.auto import modeling_auto
+
+    mappings = ("CAUSAL_LM", "SEQ_TO_SEQ_CAUSAL_LM", "TOKEN_CLASSIFICATION", "SEQUENCE_CLASSIFICATION",
+                "IMAGE_CLASSIFICATION")
+    name = type(model).__name__
+    return any(name in _names(getattr(modeling_auto, f"MODEL_FOR_{kind}_MAPPING_NAMES")) for kind in mappings)
+
+
+def check_per_example_loss(model, scorer, make_batch: Callable[[], dict], index_column: str,
+                           sources: dict, loss_fn: PerExampleLoss) -> None:
+    """Score one small batch with ``scorer`` and raise a ValueError naming the model class and
+    ``per_example_loss_func`` unless it gives a tensor of one loss per example.
+
+    ``make_batch`` collates the batch; the random state it may draw from (the global RNG and the
+    ``state_dict`` of ``sources``: an augmenting dataset or collator) is restored afterwards, so the
+    check changes nothing a run depends on. Models that `recognized_head` knows are not checked.
+    """
+    if not isinstance(loss_fn, ExampleLoss) or recognized_head(model):
+        return
+    saved = {name: copy.deepcopy(source.state_dict()) for name, source in sources.items()}
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=devices):
+            batch = make_batch()
+    finally:
+        for name, source in sources.items():
+            source.load_state_dict(saved[name])
+    inputs = {key: value for key, value in batch.items() if key != index_column}
+    rows = len(next(iter(inputs.values())))
+    advice = (f"the automatic per-example loss ({loss_fn.task}) does not fit the outputs of {type(model).__name__}"
+              ": pass per_example_loss_func=(outputs, labels) -> a tensor with one loss per example")
+    try:
+        with torch.random.fork_rng(devices=devices):
+            losses = scorer(model, inputs)
+    except (KeyError, IndexError, RuntimeError, ValueError) as error:
+        if isinstance(error, ValueError) and "per_example_loss_func" not in str(error):
+            raise  # an error of the data or of a flag, which names its own fix
+        raise ValueError(f"{advice} ({type(error).__name__}: {error})") from error
+    if losses.shape != (rows,):
+        raise ValueError(f"{advice} (it gave shape {tuple(losses.shape)} for a batch of {rows})")
 
 
 def _names(mapping) -> set[str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -25,6 +25,12 @@ class BatchQueue:
         padding_side: where the padding sits, ``"right"`` or ``"left"`` (the tokenizer's).
         pad_to_multiple_of: round a popped batch's width up to a multiple of this (as the data
             collator's option of the same name does, for tensor cores).
+        sequence_groups: for padded columns with a sequence dimension of their own, the name of
+            the group that shares it, e.g. an encoder-decoder's ``{"labels": "decoder",
+            "decoder_input_ids": "decoder"}`` beside the source text; unnamed columns share one.
+        derived_columns: padded columns computed from others of their group, which do not decide
+            where a row's padding starts: decoder inputs are the labels shifted right, so their last
+            token is the label before the last one.
     """
 
     def __init__(
@@ -32,6 +38,8 @@ class BatchQueue:
         pad_values: Mapping[str, float] | None = None,
         padding_side: str = "right",
         pad_to_multiple_of: int | None = None,
+        sequence_groups: Mapping[str, str] | None = None,
+        derived_columns: Collection[str] = (),
     ):
         if padding_side not in PADDING_SIDES:
             raise ValueError(f"padding_side must be one of {', '.join(PADDING_SIDES)}, got {padding_side!r}")
@@ -40,6 +48,8 @@ class BatchQueue:
         self.pad_values = dict(pad_values or {})
         self.padding_side = padding_side
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.sequence_groups = dict(sequence_groups or {})
+        self.derived_columns = frozenset(derived_columns)
         self._chunks: list[dict[str, torch.Tensor]] = []
         self._rows = 0
 
@@ -70,9 +80,24 @@ class BatchQueue:
         self._chunks.append(rows)
         self._rows += n
 
-    def _check_sequence_columns(self, rows: dict[str, torch.Tensor]) -> None:
-        widths = {}
+    def _group_of(self, key: str) -> str:
+        return self.sequence_groups.get(key, "")
+
+    def _groups(self, keys) -> dict[str, list[str]]:
+        """The padded columns among ``keys``, by the sequence dimension they share."""
+        groups: dict[str, list[str]] = {}
         for key in self.pad_values:
+            if key in keys:
+                groups.setdefault(self._group_of(key), []).append(key)
+        return groups
+
+    def _check_sequence_columns(self, rows: dict[str, torch.Tensor]) -> None:
+        for keys in self._groups(rows).values():
+            self._check_group(rows, keys)
+
+    def _check_group(self, rows: dict[str, torch.Tensor], keys: list[str]) -> None:
+        widths = {}
+        for key in keys:
             if key not in rows:
                 continue
             if rows[key].dim() < 2:
@@ -109,15 +134,22 @@ class BatchQueue:
     def _concatenate(self, chunks: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         if len(chunks) == 1:
             return chunks[0]
-        width = self._common_width(chunks)
-        return {key: torch.cat([self._pad_to(key, c[key], width) for c in chunks]) for key in chunks[0]}
+        widths = self._common_width(chunks)
+        return {key: torch.cat([self._pad_to(key, c[key], widths) for c in chunks]) for key in chunks[0]}
 
-    def _common_width(self, chunks: list[dict[str, torch.Tensor]]) -> int | None:
-        widths = [c[key].shape[1] for c in chunks for key in self.pad_values if key in c]
-        return max(widths) if widths else None
+    def _common_width(self, chunks: list[dict[str, torch.Tensor]]) -> dict[str, int]:
+        """The widest row of each group of padded columns."""
+        widths: dict[str, int] = {}
+        for chunk in chunks:
+            for group, keys in self._groups(chunk).items():
+                widths[group] = max(widths.get(group, 0), chunk[keys[0]].shape[1])
+        return widths
 
-    def _pad_to(self, key: str, value: torch.Tensor, width: int | None) -> torch.Tensor:
-        if key not in self.pad_values or value.shape[1] == width:
+    def _pad_to(self, key: str, value: torch.Tensor, widths: dict[str, int]) -> torch.Tensor:
+        if key not in self.pad_values:
+            return value
+        width = widths[self._group_of(key)]
+        if value.shape[1] == width:
             return value
         extra = width - value.shape[1]
         # F.pad counts dimensions from the last; the sequence dimension is dim 1.
@@ -127,12 +159,14 @@ class BatchQueue:
 
     def _trim(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Drop the columns that are padding in every row: selection leaves some short rows together."""
-        keys = [key for key in self.pad_values if key in batch]
-        if not keys:
-            return batch
+        for keys in self._groups(batch).values():
+            batch = self._trim_group(batch, keys)
+        return batch
+
+    def _trim_group(self, batch: dict[str, torch.Tensor], keys: list[str]) -> dict[str, torch.Tensor]:
         width = batch[keys[0]].shape[1]
         real = torch.zeros(width, dtype=torch.bool, device=batch[keys[0]].device)
-        for key in keys:
+        for key in [key for key in keys if key not in self.derived_columns] or keys:
             # A column is real where any padded input differs from its pad value: the attention
             # mask marks real tokens even where input_ids hold the pad id (e.g. pad = eos).
             differs = batch[key] != self.pad_values[key]
@@ -148,7 +182,8 @@ class BatchQueue:
         if keep == width:
             return batch
         columns = slice(0, keep) if self.padding_side == "right" else slice(width - keep, width)
-        return {key: value[:, columns] if key in self.pad_values else value for key, value in batch.items()}
+        # Contiguous: a model may view() its labels (T5 does), which a column slice does not allow.
+        return {key: value[:, columns].contiguous() if key in keys else value for key, value in batch.items()}
 
     def clear(self) -> None:
         self._chunks, self._rows = [], 0
@@ -156,8 +191,8 @@ class BatchQueue:
     def state_dict(self) -> dict:
         if not self._chunks:
             return {"rows": {}}
-        width = self._common_width(self._chunks)
-        merged = {k: torch.cat([self._pad_to(k, c[k], width) for c in self._chunks]).cpu() for k in self._chunks[0]}
+        widths = self._common_width(self._chunks)
+        merged = {k: torch.cat([self._pad_to(k, c[k], widths) for c in self._chunks]).cpu() for k in self._chunks[0]}
         return {"rows": merged}
 
     def load_state_dict(self, state: dict) -> None:

@@ -85,7 +85,9 @@ class SelectionScorer:
         model.train(self.mode == "train")
         try:
             with self._grad_context(), self._precision_context(labels.device):
-                outputs = self._forward(model, inputs)
+                # A loss may ask the forward for more, e.g. TRL's fused LM head: log-probabilities, not logits.
+                extra = getattr(self.loss_fn, "forward_kwargs", None)
+                outputs = self._forward(model, {**inputs, **extra(labels)} if extra is not None else inputs)
                 losses = self.loss_fn(outputs, labels).float()
         finally:
             model.train(was_training)

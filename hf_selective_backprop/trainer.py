@@ -1,9 +1,11 @@
-"""`SelectiveBackpropTrainer`: transformers' Trainer with a selection engine in front of each step.
+"""`SelectiveBackpropMixin`: a selection engine in front of each step of any `Trainer` subclass.
 
-The Trainer's own loop, optimizer step and gradient accumulation stay untouched. This class only
-wires `SelectionEngine` into the Trainer's hooks: the sampler (decisions before loading), the
-epoch start, `get_batch_samples` (selection batches in, exactly `gradient_accumulation_steps`
-full micro-batches out), `compute_loss` (weights, store refresh), logging and checkpoints.
+`SelectiveBackpropTrainer` is the mixin on transformers' `Trainer`; `seq2seq.py` and `sft.py` put it
+on `Seq2SeqTrainer` and TRL's `SFTTrainer`. The Trainer's own loop, optimizer step and gradient
+accumulation stay untouched. The mixin only wires `SelectionEngine` into the Trainer's hooks: the
+sampler (decisions before loading), the epoch start, `get_batch_samples` (selection batches in,
+exactly `gradient_accumulation_steps` full micro-batches out), `compute_loss` (weights, store
+refresh), logging and checkpoints.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 import time
 from functools import partial
 
+import datasets
 import torch
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
@@ -20,44 +23,50 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 from . import distributed, reference, rotation
 from .accounting import STATS_FILE, full_pass_summary, run_summary, write_stats
 from .checkpoints import require_complete_checkpoint
-from .config import SelectiveBackpropConfig
+from .config import SelectiveBackpropArguments
 from .engine import SelectionEngine, checkpointing, run_record
 from .engine.callback import SelectionFlowCallback
-from .engine.data_state import DataState
-from .engine.engine import WEIGHT_KEY
+from .engine.data_state import DataState, stateful_sources
+from .engine.engine import WEIGHT_KEY, check_rows
 from .engine.epoch_plan import PlannedSampler
-from .indexing import ids_by_position, with_index_column
-from .losses import model_task, per_example_loss_for, weighted_loss
+from .indexing import ids_by_position, keeping_ids, with_index_column
+from .losses import check_per_example_loss, model_task, per_example_loss_for, weighted_loss
 from .padding import queue_padding
 from .plan import TrainingPlan
 from .reference import IrreducibleLosses
 from .scoring import SelectionScorer
 from .selectors import build_selector
 
-__all__ = ["STATS_FILE", "WEIGHT_KEY", "SelectiveBackpropTrainer"]
+__all__ = ["STATS_FILE", "WEIGHT_KEY", "SelectiveBackpropMixin", "SelectiveBackpropTrainer"]
 
 
-class SelectiveBackpropTrainer(Trainer):
-    """A drop-in `Trainer` that backpropagates only selected examples.
+class SelectiveBackpropMixin:
+    """Selection for a `transformers.Trainer` subclass: list it first, ``class T(SelectiveBackpropMixin, Trainer)``.
+
+    The trainer's ``args`` must carry the `SelectiveBackpropArguments` fields (a dataclass that lists
+    `SelectiveBackpropArguments` first among its bases, then the trainer's own arguments class).
 
     Args:
         per_example_loss_func: ``(outputs, labels) -> losses`` of shape (batch,), needed when
-            the model's loss is not single-label cross-entropy (and with ``compute_loss_func``).
+            the model's loss is not one the automatic per-example loss knows (and with ``compute_loss_func``).
         reference_model: for ``sb_strategy="rholoss"``, a model trained on held-out data whose loss on
             each training example is that example's irreducible loss (``--sb_reference_model`` loads
             one from a folder instead).
-        Every other argument is `transformers.Trainer`'s.
+        Every other argument is the trainer's.
     """
 
     #: The engine class built for each training run; a subclass can record or change what it does.
     engine_class = SelectionEngine
+    #: The arguments class that error messages suggest.
+    config_class_name = "SelectiveBackpropConfig"
     _reference_pass: reference.ReferencePass | None = None
 
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
         super().__init__(*args, **kwargs)
-        if not isinstance(self.args, SelectiveBackpropConfig):
+        if not isinstance(self.args, SelectiveBackpropArguments):
             raise TypeError(
-                f"SelectiveBackpropTrainer needs args of type SelectiveBackpropConfig, got {type(self.args).__name__}"
+                f"{type(self).__name__} needs args with the sb_* fields of SelectiveBackpropArguments (e.g. "
+                f"{self.config_class_name}), got {type(self.args).__name__}"
             )
         if self.compute_loss_func is not None and per_example_loss_func is None and self.args.sb_strategy != "none":
             raise ValueError(
@@ -67,9 +76,7 @@ class SelectiveBackpropTrainer(Trainer):
         self.label_name = self.label_names[0] if self.label_names else "labels"
         # The label smoother's factor: the Trainer drops it for multi-label classification.
         smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
-        self.per_example_loss_func = per_example_loss_func or per_example_loss_for(
-            self.model, label_smoothing=smoothing, label_name=self.label_name
-        )
+        self.per_example_loss_func = per_example_loss_func or self._automatic_per_example_loss(smoothing)
         self.add_callback(rotation.RunCheckpoints())  # with selection off too: rotation must spare others' folders
         self.selector = build_selector(self.args)
         if reference_model is not None and (self.selector is None or not self.selector.uses_reference_losses):
@@ -88,6 +95,35 @@ class SelectiveBackpropTrainer(Trainer):
         self._reference = self._irreducible_source(reference_model)
         self.add_callback(SelectionFlowCallback(self))
         self.engine = self._build_engine()
+        selector = self.selector
+        if per_example_loss_func is None and (
+            selector.needs_losses or selector.produces_weights or self.engine.records_training_losses
+        ):
+            self._check_automatic_loss()
+
+    def _automatic_per_example_loss(self, label_smoothing: float):
+        """The per-example loss matching the model's own, when the user passes none."""
+        return per_example_loss_for(self.model, label_smoothing=label_smoothing, label_name=self.label_name)
+
+    def _check_automatic_loss(self) -> None:
+        """Score the first training rows once, now: a model whose output the automatic per-example loss
+        does not fit fails at construction with an error naming it, not in the first step."""
+        dataset = self.train_dataset
+        if isinstance(dataset, torch.utils.data.IterableDataset) or not has_length(dataset) or len(dataset) == 0:
+            return
+        if isinstance(dataset, datasets.Dataset):
+            dataset = self._remove_unused_columns(dataset, description="training")
+        collator = self._get_collator_with_removed_columns(self.data_collator, description="training")
+
+        def first_rows() -> dict:
+            batch = collator([dataset[i] for i in range(min(2, len(dataset)))])
+            check_rows(batch)
+            return self._prepare_inputs(batch)
+
+        check_per_example_loss(
+            self.model, self.engine.scorer, first_rows, self.args.sb_index_column,
+            stateful_sources(self.train_dataset, self.data_collator), self.per_example_loss_func,
+        )
 
     def _irreducible_source(self, reference_model) -> IrreducibleLosses | torch.nn.Module | None:
         """For 'rholoss': the irreducible losses of a column, or the reference model that will score them.
@@ -144,12 +180,17 @@ class SelectiveBackpropTrainer(Trainer):
         scorer = SelectionScorer.from_args(self.per_example_loss_func, self.label_name, args)
         self.selector = build_selector(args)
         # Text rows from different selection batches have different lengths: re-pad each micro-batch.
-        token_labels = model_task(self.accelerator.unwrap_model(self.model)) != "classification"
-        padding = queue_padding(self.data_collator, self.processing_class, self.label_name, token_labels)
+        task = model_task(self.accelerator.unwrap_model(self.model))
+        padding = self._queue_padding(task != "classification", task == "seq2seq-lm")
         return self.engine_class(
             args, self.selector, scorer, self.accelerator, self._train_batch_size, self._selection_batch_size(),
             padding=padding,
         )
+
+    def _queue_padding(self, token_labels: bool, encoder_decoder: bool) -> dict:
+        """How the queue pads text rows again: as the data collator padded them."""
+        return queue_padding(self.data_collator, self.processing_class, self.label_name, token_labels,
+                             encoder_decoder)
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
@@ -175,7 +216,7 @@ class SelectiveBackpropTrainer(Trainer):
         )
         collator = self.data_collator
         # Wrapped for the training loader only: evaluation batches are not read by the engine.
-        self.data_collator = data_state.wrap(collator)
+        self.data_collator = data_state.wrap(keeping_ids(collator, args.sb_index_column))
         try:
             loader = self._get_dataloader(
                 self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler, is_training=True
@@ -297,19 +338,25 @@ class SelectiveBackpropTrainer(Trainer):
         ids = inputs.pop(self.args.sb_index_column, None)
         weights = inputs.pop(WEIGHT_KEY, None)
         labels = inputs.get(self.label_name)
-        loss, outputs = super().compute_loss(model, inputs, True, num_items_in_batch)
         refresh = self.engine.records_training_losses and ids is not None
-        if model.training and labels is not None and (weights is not None or refresh):
-            if weights is None:
-                per_example = self.per_example_loss_func(outputs, labels)
-            else:
-                loss, per_example = weighted_loss(self.per_example_loss_func, outputs, labels, weights,
-                                                  num_items_in_batch)
-                loss = loss * self._loss_scale(num_items_in_batch)
-            if refresh:
-                # A trained example's training-forward loss is fresher than its stored one.
-                self.engine.observe(ids, per_example.detach().float().cpu())
+        if not (model.training and labels is not None and (weights is not None or refresh)):
+            # Outputs only when they are read: TRL's SFTTrainer runs a second forward to return them.
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        loss, outputs = self._loss_and_outputs(model, inputs, num_items_in_batch)
+        if weights is None:
+            per_example = self.per_example_loss_func(outputs, labels)
+        else:
+            loss, per_example = weighted_loss(self.per_example_loss_func, outputs, labels, weights,
+                                              num_items_in_batch)
+            loss = loss * self._loss_scale(num_items_in_batch)
+        if refresh:
+            # A trained example's training-forward loss is fresher than its stored one.
+            self.engine.observe(ids, per_example.detach().float().cpu())
         return (loss, outputs) if return_outputs else loss
+
+    def _loss_and_outputs(self, model, inputs, num_items_in_batch):
+        """The trainer's own loss and the outputs of the forward it was computed from."""
+        return super().compute_loss(model, inputs, True, num_items_in_batch)
 
     def _loss_scale(self, num_items_in_batch) -> int:
         """What Trainer.compute_loss multiplies the model's loss by: with a token count summed over
@@ -417,7 +464,17 @@ class SelectiveBackpropTrainer(Trainer):
             super()._save_checkpoint(model, trial)
 
 
-def _lambda_at_progress(fn, trainer: SelectiveBackpropTrainer, total_steps: int, step: int) -> float:
+class SelectiveBackpropTrainer(SelectiveBackpropMixin, Trainer):
+    """A drop-in `Trainer` that backpropagates only selected examples.
+
+    Args:
+        per_example_loss_func: ``(outputs, labels) -> losses`` of shape (batch,), needed when
+            the model's loss is not single-label cross-entropy (and with ``compute_loss_func``).
+        Every other argument is `transformers.Trainer`'s.
+    """
+
+
+def _lambda_at_progress(fn, trainer: SelectiveBackpropMixin, total_steps: int, step: int) -> float:
     if not trainer.engine.epoch_based:
         return fn(step)
     return fn(round(trainer.training_progress() * total_steps))

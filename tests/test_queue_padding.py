@@ -151,3 +151,19 @@ def test_queue_padding_reads_the_tokenizer_and_collator():
     assert "labels" not in queue_padding(None, FakeTokenizer())["pad_values"]
     # No tokenizer (or one without a pad token): rows must have a fixed shape.
     assert queue_padding(None, None) == {}
+
+
+def test_groups_of_padded_columns_keep_sequence_lengths_of_their_own():
+    """An encoder-decoder's targets are padded apart from its sources; decoder inputs follow the labels."""
+    padding = queue_padding(FakeCollator(), None, token_labels=True, encoder_decoder=True)
+    queue = BatchQueue(**{**padding, "padding_side": "right", "pad_to_multiple_of": None})
+    # Sources 4 wide, targets 2 wide; then sources 2 wide, targets 5 wide.
+    queue.push({"input_ids": torch.tensor([[5, 6, 7, 8]]), "attention_mask": torch.ones(1, 4, dtype=torch.long),
+                "labels": torch.tensor([[9, 10]]), "decoder_input_ids": torch.tensor([[3, 9]])})
+    queue.push({"input_ids": torch.tensor([[5, 6]]), "attention_mask": torch.ones(1, 2, dtype=torch.long),
+                "labels": torch.tensor([[9, 10, 11, -1, -1]]), "decoder_input_ids": torch.tensor([[3, 9, 10, 11, 3]])})
+    batch = queue.pop(2)
+    assert torch.equal(batch["input_ids"], torch.tensor([[5, 6, 7, 8], [5, 6, 3, 3]]))
+    # The targets' width is the longest label (3), not the last decoder input (a shifted label, here 3).
+    assert torch.equal(batch["labels"], torch.tensor([[9, 10, -1], [9, 10, 11]]))
+    assert torch.equal(batch["decoder_input_ids"], torch.tensor([[3, 9, 3], [3, 9, 10]]))

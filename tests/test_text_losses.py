@@ -2,9 +2,21 @@
 
 import pytest
 import torch
-from text_tiny import causal_lm, padded_batch, sequence_classifier, token_classifier, token_labels
+from text_tiny import (
+    NEGATIVE,
+    POSITIVE,
+    causal_lm,
+    padded_batch,
+    sequence_classifier,
+    tiny_bart,
+    tiny_t5,
+    token_classifier,
+    token_labels,
+    word_tokenizer,
+)
 from transformers.trainer_pt_utils import LabelSmoother
 
+from hf_selective_backprop import losses
 from hf_selective_backprop.losses import ExampleLoss, model_task, per_example_loss_for, weighted_loss
 
 LENGTHS = [3, 7, 5, 9, 2, 6]
@@ -179,5 +191,77 @@ def test_out_of_range_token_labels_name_the_column():
 
 
 def test_unknown_task_is_refused():
-    with pytest.raises(ValueError, match="task must be one of classification, token-classification, causal-lm"):
+    with pytest.raises(ValueError, match="task must be one of classification, token-classification, causal-lm, "
+                                         "seq2seq-lm"):
         ExampleLoss("translation")
+
+
+@pytest.mark.parametrize("make_model", [tiny_t5, tiny_bart])
+def test_encoder_decoder_loss_is_the_mean_over_each_examples_label_tokens(make_model):
+    tokenizer = word_tokenizer(POSITIVE + NEGATIVE)
+    model = make_model(tokenizer).eval()
+    sources, targets = POSITIVE + NEGATIVE, ["great", "bad acting", "i was bored , worse plot", "fine"] * 2
+    batch = tokenizer(sources, padding=True, return_tensors="pt")
+    labels = tokenizer(targets, padding=True, return_tensors="pt")["input_ids"].masked_fill(
+        tokenizer(targets, padding=True, return_tensors="pt")["attention_mask"] == 0, -100)
+    assert model_task(model) == "seq2seq-lm"
+    outputs = forward(model, batch, labels)
+    loss_fn = per_example_loss_for(model)
+    sums, counts = loss_fn.sums_and_counts(outputs, labels)
+    assert torch.equal(counts, (labels != -100).sum(dim=1).float())
+    assert torch.allclose(sums.sum() / counts.sum(), outputs.loss, atol=1e-6)
+    one = torch.nn.functional.cross_entropy(outputs.logits[1], labels[1], ignore_index=-100)
+    assert torch.allclose(loss_fn(outputs, labels)[1], one, atol=1e-6)
+    # The Trainer smooths an encoder-decoder's labels without shifting them.
+    smoothed = per_example_loss_for(model, label_smoothing=0.1).sums_and_counts(outputs, labels)
+    expected = LabelSmoother(epsilon=0.1)(outputs, labels, shift_labels=False)
+    assert torch.allclose(smoothed[0].sum() / smoothed[1].sum(), expected, atol=1e-6)
+
+
+def test_tuple_outputs_with_the_loss_first_give_the_logits_after_it():
+    """return_dict=False: (loss, logits) when the forward had labels, (logits,) without."""
+    model = sequence_classifier(num_labels=3)
+    batch, labels = padded_batch(LENGTHS), torch.tensor([0, 2, 1, 1, 0, 2])
+    reference = per_example_loss_for(model)(forward(model, batch, labels), labels)
+    with_labels = forward(model, batch, labels, return_dict=False)
+    without = forward(model, batch, None, return_dict=False)
+    assert with_labels[0].dim() == 0 and len(without) == 1
+    for outputs in (with_labels, without):
+        assert torch.allclose(per_example_loss_for(model)(outputs, labels), reference)
+
+
+def test_dict_outputs_without_logits_use_their_one_other_tensor_or_say_what_to_pass():
+    logits = torch.randn(4, 3)
+    labels = torch.tensor([0, 1, 2, 1])
+    expected = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+    assert torch.allclose(ExampleLoss()({"loss": torch.tensor(1.0), "scores": logits}, labels), expected)
+    with pytest.raises(ValueError, match=r"no 'logits'.*keys: \['a', 'b'\].*per_example_loss_func"):
+        ExampleLoss()({"a": logits, "b": logits}, labels)
+
+
+def test_token_losses_are_computed_in_chunks_that_bound_the_float32_copies(monkeypatch):
+    """A large vocabulary in half precision: no float32 copy of all logits, the same losses."""
+    generator = torch.Generator().manual_seed(0)
+    vocabulary, rows, width = 5000, 3, 7
+    logits = torch.randn(rows, width, vocabulary, generator=generator).to(torch.bfloat16)
+    labels = torch.randint(0, vocabulary, (rows, width), generator=generator)
+    labels[0, :2] = -100
+    loss_fn = ExampleLoss("causal-lm")
+    whole = loss_fn.sums_and_counts(logits, labels)
+    largest = []
+    cross_entropy = torch.nn.functional.cross_entropy
+
+    def recording(input, *args, **kwargs):
+        largest.append(input.numel())
+        return cross_entropy(input, *args, **kwargs)
+
+    monkeypatch.setattr(losses, "TOKEN_CHUNK_ELEMENTS", 2 * vocabulary)
+    monkeypatch.setattr(losses.F, "cross_entropy", recording)
+    chunked = loss_fn.sums_and_counts(logits, labels)
+    # Two tokens' logits at a time: the float32 temporaries are 2 x vocabulary, not rows x width x vocabulary.
+    assert max(largest) == 2 * vocabulary and len(largest) == rows * 3
+    assert torch.equal(chunked[1], whole[1])
+    assert torch.allclose(chunked[0], whole[0], rtol=1e-6)
+    reference = cross_entropy(logits[:, :-1].float().flatten(0, 1), labels[:, 1:].flatten(), reduction="none",
+                              ignore_index=-100).view(rows, width - 1).sum(1)
+    assert torch.allclose(chunked[0], reference, rtol=1e-6)

@@ -8,12 +8,16 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
     BertConfig,
     BertForSequenceClassification,
     BertForTokenClassification,
     GPT2Config,
     GPT2LMHeadModel,
     PreTrainedTokenizerFast,
+    T5Config,
+    T5ForConditionalGeneration,
 )
 
 from hf_selective_backprop.data.text import SPECIAL_TOKENS
@@ -100,3 +104,38 @@ def word_tokenizer(texts: list[str], max_length: int = 32) -> PreTrainedTokenize
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
     )
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, model_max_length=max_length, **SPECIAL_TOKENS)
+
+
+def eos_word_tokenizer(texts: list[str]) -> PreTrainedTokenizerFast:
+    """One id per distinct word, ``[PAD]``/``[UNK]``/``[EOS]`` and no template: what TRL's SFT expects."""
+    words = sorted({word for text in texts for word in text.split()})
+    vocab = {token: i for i, token in enumerate(["[PAD]", "[UNK]", "[EOS]", *words])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="[PAD]", unk_token="[UNK]", eos_token="[EOS]")
+
+
+def tiny_gpt2(vocab_size: int, seed: int = 0) -> GPT2LMHeadModel:
+    """A GPT-2 without dropout: training runs compare bit for bit."""
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=vocab_size, n_positions=32, n_embd=16, n_layer=1, n_head=2, pad_token_id=PAD_ID,
+                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(config)
+
+
+def tiny_t5(tokenizer, seed: int = 0) -> T5ForConditionalGeneration:
+    torch.manual_seed(seed)
+    config = T5Config(vocab_size=len(tokenizer), d_model=16, d_kv=8, d_ff=32, num_layers=1, num_heads=2,
+                      dropout_rate=0.0, pad_token_id=tokenizer.pad_token_id,
+                      decoder_start_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.sep_token_id)
+    return T5ForConditionalGeneration(config)
+
+
+def tiny_bart(tokenizer, seed: int = 0) -> BartForConditionalGeneration:
+    torch.manual_seed(seed)
+    config = BartConfig(vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1,
+                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                        max_position_embeddings=64, dropout=0.0, pad_token_id=tokenizer.pad_token_id,
+                        bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
+                        decoder_start_token_id=tokenizer.sep_token_id)
+    return BartForConditionalGeneration(config)

@@ -253,6 +253,7 @@ class SelectionEngine:
                 "holds the ids, or leave the default to number the rows 0..N-1; a dataset or collator of your own "
                 "must pass the column through"
             )
+        check_rows(batch)
         if self.selector.needs_losses:
             self.scorer.check_inputs(model, {k: v[:1] for k, v in batch.items() if k != self.index_column})
 
@@ -367,6 +368,22 @@ class SelectionEngine:
         """Store losses of every rank's examples, so each rank holds the same store (a collective)."""
         all_ids, all_losses = distributed.gather_pairs(self.accelerator, ids, losses.detach())
         self.store.update(all_ids, all_losses, self.epoch)
+
+
+def check_rows(batch: dict) -> None:
+    """Every entry of a batch must hold one row per example: selection keeps and regroups rows."""
+    sizes = {key: value.shape[0] if torch.is_tensor(value) and value.dim() > 0 else None
+             for key, value in batch.items()}
+    rows = next((size for size in sizes.values() if size is not None), None)
+    for key, size in sizes.items():
+        if size is None or size != rows:
+            shape = tuple(batch[key].shape) if torch.is_tensor(batch[key]) else type(batch[key]).__name__
+            raise ValueError(
+                f"the batch entry {key!r} ({shape}) is not one row per example (the batch has {rows} rows): "
+                "selection keeps or drops single rows, so it cannot split this entry. Packed or padding-free "
+                "batches (TRL's packing=True / padding_free=True, DataCollatorWithFlattening) hold several "
+                "examples in one row: pad the examples instead, or train with --sb_strategy none"
+            )
 
 
 def _rows(batch: dict, rows: torch.Tensor) -> dict:

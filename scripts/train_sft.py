@@ -1,0 +1,123 @@
+"""Supervised fine-tuning (TRL's SFTTrainer) of a small causal LM with Selective-Backprop.
+
+    pip install ".[trl]"
+    python scripts/train_sft.py --dataset ../shared/data/sst2 --sb_strategy sb --output_dir outputs/sst2-sft-sb
+    python scripts/train_sft.py --dataset ../shared/data/sst2 --sb_strategy none --output_dir outputs/sst2-sft
+
+Trains on the dataset's text column as language-modelling data. Without --model_name_or_path, a
+WordPiece tokenizer is trained on the training split and a small GPT-2 is built from the size flags
+(no download). Every SFTConfig flag works, except packing / padding_free with selection. --help lists them.
+"""
+
+import math
+from dataclasses import dataclass, field
+
+from accelerate import PartialState
+from tokenizers import processors
+from transformers import AutoTokenizer, HfArgumentParser, set_seed
+
+from hf_selective_backprop import SelectiveBackpropSFTConfig, SelectiveBackpropSFTTrainer
+from hf_selective_backprop.cards import hub_dataset_id, training_costs
+from hf_selective_backprop.data.text import TextDataArguments, load_text_data, texts_of, train_wordpiece_tokenizer
+from hf_selective_backprop.text_models import TextModelArguments, build_text_model, load_tokenizer
+from hf_selective_backprop.workflow import check_output_dir, resume_checkpoint
+
+DEFAULTS = dict(
+    num_train_epochs=1,
+    per_device_train_batch_size=32,
+    per_device_eval_batch_size=128,
+    learning_rate=1e-3,
+    warmup_steps=0.06,
+    max_length=64,
+    bf16=False,  # SFTConfig turns bf16 on by default; pass --bf16 on hardware that has it
+    eval_strategy="epoch",
+    save_strategy="epoch",
+    save_total_limit=1,
+    logging_steps=100,
+    report_to="none",
+)
+
+
+@dataclass
+class SFTDataArguments:
+    dataset: str = field(
+        default="stanfordnlp/sst2",
+        metadata={"help": "Hub id or local folder (Hub layout, e.g. ../shared/data/sst2) of a dataset with a "
+                  "text column."},
+    )
+    text_column: str | None = field(
+        default=None, metadata={"help": "Text column (default: 'sentence', 'text', ... or the only string column)."}
+    )
+    eval_split: str | None = field(
+        default="validation", metadata={"help": "Split to evaluate on ('' or 'none': no evaluation)."}
+    )
+    max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N examples."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Evaluate on the first N examples."})
+
+
+def sft_tokenizer(texts, model_args: TextModelArguments, max_length: int):
+    """A WordPiece tokenizer learnt from ``texts`` that opens each text with [CLS] and leaves the end to
+    SFTTrainer, which appends the end-of-text token ([SEP]) itself."""
+    tokenizer = train_wordpiece_tokenizer(texts, model_args.vocab_size, max_length, token_type_ids=False)
+    cls = tokenizer.convert_tokens_to_ids("[CLS]")
+    tokenizer.backend_tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A", special_tokens=[("[CLS]", cls)]
+    )
+    return tokenizer
+
+
+def main() -> None:
+    parser = HfArgumentParser((SelectiveBackpropSFTConfig, SFTDataArguments, TextModelArguments))
+    parser.set_defaults(**DEFAULTS)
+    config, data_args, model_args = parser.parse_args_into_dataclasses()
+    check_output_dir(config.output_dir)
+    checkpoint = resume_checkpoint(config)
+    set_seed(config.seed)
+
+    data = load_text_data(TextDataArguments(
+        dataset=data_args.dataset, task="causal-lm", text_column=data_args.text_column,
+        eval_split=data_args.eval_split, max_train_samples=data_args.max_train_samples,
+        max_eval_samples=data_args.max_eval_samples, max_length=config.max_length,
+    ))
+    config.dataset_text_field = data.text_column
+    tokenizer = load_tokenizer(model_args)
+    if tokenizer is None:
+        # The main process learns the vocabulary and saves it with the model; the others load that copy.
+        with config.main_process_first(local=False, desc="train the tokenizer"):
+            if config.process_index == 0:
+                tokenizer = sft_tokenizer(texts_of(data.train, data.text_column), model_args, config.max_length)
+                tokenizer.save_pretrained(config.output_dir)
+            else:
+                tokenizer = AutoTokenizer.from_pretrained(config.output_dir)
+
+    model = build_text_model(model_args, tokenizer, "causal-lm", config.max_length)
+    trainer = SelectiveBackpropSFTTrainer(
+        model=model, args=config, train_dataset=data.train, eval_dataset=data.eval, processing_class=tokenizer
+    )
+    trainer.train(resume_from_checkpoint=checkpoint)
+    stats = training_costs(trainer)
+
+    metrics = trainer.evaluate() if data.eval is not None else {}
+    if "eval_loss" in metrics:
+        metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 700.0))
+    trainer.save_model()
+    trainer.save_metrics("eval", metrics)
+    card = {"dataset": data_args.dataset, "eval_split": data_args.eval_split, "tasks": "text-generation"}
+    if config.should_save:
+        trainer.create_model_card(**card)
+    if config.push_to_hub:
+        name = hub_dataset_id(data_args.dataset) or data.dataset_id
+        trainer.push_to_hub(commit_message=f"SFT, {config.sb_strategy} on {name}", **card)
+
+    if config.should_save:
+        results = " ".join(f"{k.removeprefix('eval_')}={v:.4f}" for k, v in metrics.items()
+                           if "loss" in k or "perplexity" in k)
+        print(f"strategy={config.sb_strategy} {results} backwards={stats['backwards']} "
+              f"selection_forwards={stats['selection_forwards']} -> {config.output_dir}")
+
+
+if __name__ == "__main__":
+    main()
+    # Trainer leaves the process group up under `accelerate launch`; a rank exiting with gloo's
+    # threads alive can abort after its work is done.
+    PartialState().destroy_process_group()

@@ -1,0 +1,36 @@
+"""One process of a two-process SelectiveBackpropSFTTrainer run (Stale-SB, completion-only loss).
+
+Launched by ``tests/test_sft.py`` through torchrun; writes ``rank{rank}.pt`` into the folder given.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from sft_data import prompt_completion, sft_model, sft_tokenizer  # noqa: E402
+
+from hf_selective_backprop import SelectiveBackpropSFTConfig, SelectiveBackpropSFTTrainer  # noqa: E402
+
+
+def main(out: str) -> None:
+    tokenizer = sft_tokenizer()
+    args = SelectiveBackpropSFTConfig(
+        os.path.join(out, "trainer"), per_device_train_batch_size=4, gradient_accumulation_steps=2,
+        num_train_epochs=3, learning_rate=1e-2, sb_staleness=2, report_to=[], use_cpu=True, bf16=False,
+        save_strategy="no", disable_tqdm=True, seed=0, max_length=32,
+    )
+    trainer = SelectiveBackpropSFTTrainer(model=sft_model(tokenizer), args=args, train_dataset=prompt_completion(64),
+                                          processing_class=tokenizer)
+    trainer.train()
+    weights = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
+    result = {"global_step": trainer.state.global_step, "weights": weights, **trainer.sb_stats}
+    torch.save(result, os.path.join(out, f"rank{trainer.args.process_index}.pt"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,109 @@
+"""Model outputs the automatic per-example loss reads (tuples, dicts) and the ones it refuses at construction."""
+
+import pytest
+import torch
+from tiny import FEATURES, TinyClassifier, make_config, make_dataset
+from torch import nn
+from transformers import default_data_collator
+
+from hf_selective_backprop import SelectiveBackpropTrainer
+from hf_selective_backprop import trainer as trainer_module
+
+
+class TupleClassifier(TinyClassifier):
+    """The Trainer's return_dict=False convention: (loss, logits) with labels, (logits,) without."""
+
+    def forward(self, pixel_values, labels=None):
+        outputs = super().forward(pixel_values, labels)
+        return (outputs["loss"], outputs["logits"]) if labels is not None else (outputs["logits"],)
+
+
+class Regressor(nn.Module):
+    """Float labels and one output per example, squeezed to 1-D: nothing the automatic loss knows."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Linear(FEATURES, 1)
+
+    def forward(self, pixel_values, labels=None):
+        prediction = self.net(pixel_values).squeeze(-1)
+        outputs = {"prediction": prediction}
+        if labels is not None:
+            outputs["loss"] = nn.functional.mse_loss(prediction, labels)
+        return outputs
+
+
+class TwoHeads(TinyClassifier):
+    def forward(self, pixel_values, labels=None):
+        outputs = super().forward(pixel_values, labels)
+        return {"loss": outputs.get("loss"), "scores": outputs["logits"], "features": pixel_values}
+
+
+def regression_data(n: int = 32):
+    data = make_dataset(n)
+    return data.map(lambda row: {"labels": float(row["pixel_values"][0])}).with_format("torch")
+
+
+def test_stale_sb_trains_a_model_that_returns_a_loss_logits_tuple(output_dir):
+    trainer = SelectiveBackpropTrainer(model=TupleClassifier(), train_dataset=make_dataset(64),
+                                       args=make_config(output_dir, sb_staleness=2, num_train_epochs=3))
+    trainer.train()
+    stats = trainer.sb_stats
+    assert stats["stale_lookups"] > 0 and stats["backwards"] > 0
+    # The store holds the per-example cross-entropies of the training forwards, not the batch loss.
+    losses, _ = trainer.engine.store.lookup(torch.arange(64))
+    assert torch.isfinite(losses).sum() >= stats["backwards"] // 2 and losses.unique().numel() > 8
+
+
+@pytest.mark.parametrize(
+    "model, data, message",
+    [
+        (Regressor, regression_data, r"Regressor.*per_example_loss_func.*shape \(\) for a batch of 2"),
+        (TwoHeads, lambda: make_dataset(32), r"TwoHeads.*per_example_loss_func.*no 'logits'"),
+    ],
+)
+def test_outputs_the_automatic_loss_does_not_fit_are_refused_at_construction(output_dir, model, data, message):
+    with pytest.raises(ValueError, match=message):
+        SelectiveBackpropTrainer(model=model(), train_dataset=data(), args=make_config(output_dir))
+    # A strategy that reads no loss needs none.
+    SelectiveBackpropTrainer(model=model(), train_dataset=data(), args=make_config(output_dir, sb_strategy="uniform"))
+    # With a per-example loss of one's own it trains.
+    trainer = SelectiveBackpropTrainer(
+        model=model(), train_dataset=data(), args=make_config(output_dir, num_train_epochs=1),
+        per_example_loss_func=lambda outputs, labels: torch.ones(len(labels)),
+    )
+    trainer.train()
+    assert trainer.sb_stats["backwards"] > 0
+
+
+def test_the_check_changes_neither_the_random_state_nor_the_model(output_dir, monkeypatch):
+    def construct():
+        torch.manual_seed(7)
+        model = TinyClassifier(batch_norm=True)
+        before = {key: value.clone() for key, value in model.state_dict().items()}
+        SelectiveBackpropTrainer(model=model, train_dataset=make_dataset(32), args=make_config(output_dir))
+        after = model.state_dict()
+        assert all(torch.equal(before[key], after[key]) for key in before)  # BatchNorm statistics too
+        return torch.rand(3)
+
+    calls = []
+    check = trainer_module.check_per_example_loss
+    monkeypatch.setattr(trainer_module, "check_per_example_loss", lambda *args: calls.append(check(*args)))
+    checked = construct()
+    monkeypatch.setattr(trainer_module, "check_per_example_loss", lambda *args: None)
+    assert len(calls) == 1 and torch.equal(construct(), checked)
+
+
+def test_a_batch_entry_that_is_not_one_row_per_example_is_named_before_the_first_step(output_dir):
+    def collate(features):
+        return {**default_data_collator(features), "max_length_q": 5}
+
+    message = r"batch entry 'max_length_q' \(int\) is not one row per example"
+    with pytest.raises(ValueError, match=message):  # the construction's check of the automatic loss
+        SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(32), data_collator=collate,
+                                 args=make_config(output_dir))
+    trainer = SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(32), data_collator=collate,
+                                       args=make_config(output_dir), per_example_loss_func=lambda o, y: y.float())
+    with pytest.raises(ValueError, match=message):  # the first selection batch, for a model the check skips
+        trainer.train()
+    assert trainer.state.global_step == 0

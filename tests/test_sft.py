@@ -1,0 +1,200 @@
+"""TRL's SFTTrainer + selection: masks, packing, exact equality with SFTTrainer, resume, two processes."""
+
+import json
+import os
+import runpy
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+trl = pytest.importorskip("trl", reason="the SFT pair needs TRL: pip install '.[trl]'")
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from huggingface_hub import ModelCard  # noqa: E402
+from sft_data import language_modelling, prompt_completion, sft_model, sft_tokenizer  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+from trl import SFTConfig, SFTTrainer  # noqa: E402
+
+from hf_selective_backprop import SelectiveBackpropSFTConfig, SelectiveBackpropSFTTrainer  # noqa: E402
+from hf_selective_backprop.losses import per_example_loss_for  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = dict(per_device_train_batch_size=4, num_train_epochs=2, learning_rate=1e-2, report_to=[], use_cpu=True,
+                bf16=False, save_strategy="no", disable_tqdm=True, seed=0, max_length=32, dataset_num_proc=None)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return sft_tokenizer()
+
+
+def config(output_dir, config_class=SelectiveBackpropSFTConfig, **overrides):
+    return config_class(output_dir, **{**SETTINGS, **overrides})
+
+
+def trainer_for(output_dir, tokenizer, data, trainer_class=SelectiveBackpropSFTTrainer, **overrides):
+    config_class = SFTConfig if trainer_class is SFTTrainer else SelectiveBackpropSFTConfig
+    return trainer_class(model=sft_model(tokenizer), args=config(output_dir, config_class, **overrides),
+                         train_dataset=data, processing_class=tokenizer)
+
+
+def weights(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+@pytest.mark.parametrize("flag", ["packing", "padding_free"])
+def test_packing_is_refused_with_selection_naming_the_flag(output_dir, flag):
+    with pytest.raises(ValueError, match=f"{flag}=True puts several examples in one row.*set {flag}=False"):
+        config(output_dir, **{flag: True})
+    assert getattr(config(output_dir, sb_strategy="none", **{flag: True}), flag)
+
+
+@pytest.mark.parametrize("data, overrides", [
+    (language_modelling, dict(sb_strategy="sb")),
+    (prompt_completion, dict(sb_strategy="sb", sb_staleness=2, num_train_epochs=3)),
+    (prompt_completion, dict(sb_strategy="sb", sb_importance_weighting=True, gradient_accumulation_steps=2)),
+])
+def test_selection_trains_sft_without_a_second_forward(output_dir, tokenizer, data, overrides):
+    trainer = trainer_for(output_dir, tokenizer, data(), **overrides)
+    with warnings.catch_warnings():
+        # Asked for outputs, SFTTrainer warns that it runs a second forward for the logits.
+        warnings.filterwarnings("error", message=".*return_outputs=True.*", category=FutureWarning)
+        trainer.train()
+    stats = trainer.sb_stats
+    assert 0 < stats["backwards"] < stats["examples_seen"]
+    if overrides.get("sb_staleness"):
+        assert stats["stale_lookups"] > 0
+    # TRL's own metrics still reach the log.
+    assert any("mean_token_accuracy" in entry for entry in trainer.state.log_history)
+
+
+@pytest.mark.parametrize("loss_type", ["nll", "dft"])
+def test_per_example_loss_is_trls_loss_over_completion_tokens_only(output_dir, tokenizer, loss_type):
+    trainer = trainer_for(output_dir, tokenizer, prompt_completion(8), loss_type=loss_type)
+    assert trainer.completion_only_loss
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(8)])
+    labels = batch["labels"]
+    inputs = {key: value for key, value in batch.items() if key != "index"}
+    trainer.model.eval()
+    with torch.no_grad():
+        own = SFTTrainer.compute_loss(trainer, trainer.model, dict(inputs))
+        scored = trainer.engine.scorer(trainer.model, inputs)
+        logits = trainer.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+    counts = (labels[:, 1:] != -100).sum(dim=1)
+    # The prompt is -100 in the labels: only the completion (" good" or " bad", then EOS) is scored.
+    assert torch.equal(counts, torch.full((8,), 2))
+    assert torch.allclose((scored * counts).sum() / counts.sum(), own, atol=1e-6)
+    # The same as transformers' causal-LM loss of each example on the full logits (DFT: times each token's probability).
+    tokens = torch.nn.functional.cross_entropy(logits.logits[:, :-1].transpose(1, 2), labels[:, 1:], reduction="none")
+    if loss_type == "dft":
+        tokens = tokens * torch.exp(-tokens)
+    assert torch.allclose(scored, tokens.sum(1) / counts, atol=1e-5)
+    if loss_type == "nll":
+        assert torch.allclose(scored, per_example_loss_for(trainer.model)(logits, labels), atol=1e-5)
+
+
+def test_none_is_exactly_sft_trainer(output_dir, tokenizer):
+    reference = trainer_for(output_dir, tokenizer, prompt_completion(), SFTTrainer)
+    reference.train()
+    ours = trainer_for(output_dir, tokenizer, prompt_completion(), sb_strategy="none")
+    ours.train()
+    assert ours.state.global_step == reference.state.global_step
+    assert torch.equal(weights(ours.model), weights(reference.model))
+
+
+def test_resume_reaches_the_uninterrupted_weights(tmp_path, tokenizer):
+    settings = dict(sb_strategy="sb", sb_staleness=2, num_train_epochs=3, sb_selection_batch_size=6)
+    full = trainer_for(str(tmp_path / "full"), tokenizer, prompt_completion(), **settings)
+    full.train()
+    partial = str(tmp_path / "partial")
+    trainer_for(partial, tokenizer, prompt_completion(), save_strategy="steps", save_steps=4, **settings).train()
+    resumed = trainer_for(partial, tokenizer, prompt_completion(), save_strategy="steps", save_steps=4, **settings)
+    resumed.train(resume_from_checkpoint=os.path.join(partial, "checkpoint-4"))
+    assert resumed.state.global_step == full.state.global_step
+    assert torch.equal(weights(resumed.model), weights(full.model))
+    card = (Path(partial) / "README.md").read_text()
+    assert "pipeline_tag: text-generation" in card and "- sft" in card and "- trl" in card
+
+
+@pytest.mark.slow
+def test_two_processes_select_in_lockstep(tmp_path):
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               str(ROOT / "tests" / "sft_worker.py"), str(tmp_path)]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    result = subprocess.run(command, cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
+    assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])
+    assert ranks[0]["backwards"] == ranks[1]["backwards"] > 0
+    assert ranks[0]["stale_lookups"] > 0
+
+
+def test_the_sft_script_trains_offline_and_writes_model_tokenizer_and_card(review_folder, tmp_path, monkeypatch):
+    out = tmp_path / "sft"
+    monkeypatch.setattr(sys, "argv", [
+        "train_sft.py", "--dataset", str(review_folder), "--text_column", "review", "--sb_keep", "0.5",
+        "--vocab_size", "60", "--num_layers", "1", "--hidden_size", "16", "--num_heads", "2",
+        "--intermediate_size", "32", "--max_length", "16", "--per_device_train_batch_size", "16",
+        "--use_cpu", "--disable_tqdm", "true", "--dataset_num_proc", "1", "--output_dir", str(out),
+    ])
+    runpy.run_path(str(ROOT / "scripts" / "train_sft.py"), run_name="__main__")
+    stats = json.loads((out / "sb_stats.json").read_text())
+    assert stats["selection_forwards"] == 96 and 0 < stats["backwards"] < 96
+    assert "eval_perplexity" in json.loads((out / "eval_results.json").read_text())
+    card = ModelCard.load(out / "README.md")
+    assert card.data.pipeline_tag == "text-generation" and {"trl", "sft"} <= set(card.data.tags)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    # The script's tokenizer opens a text with [CLS]; SFTTrainer closes it with the end-of-text token.
+    assert tokenizer("great acting")["input_ids"][0] == tokenizer.cls_token_id
+    assert AutoModelForCausalLM.from_pretrained(out).config.n_layer == 1
+
+
+def test_assistant_masks_leave_only_assistant_tokens_in_each_examples_loss(output_dir, tokenizer):
+    """A tokenized conversation's assistant_masks (as TRL's chat templates return them) set the labels."""
+    rows = [tokenizer("review : great acting good")["input_ids"], tokenizer("review : dull bad")["input_ids"]]
+    masks = [[0, 0, 0, 0, 1], [0, 0, 0, 1]]
+    data = Dataset.from_dict({"input_ids": rows * 4, "assistant_masks": masks * 4})
+    trainer = trainer_for(output_dir, tokenizer, data)
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(2)])
+    inputs = {key: value for key, value in batch.items() if key != "index"}
+    with torch.no_grad():
+        own = SFTTrainer.compute_loss(trainer, trainer.model, dict(inputs))
+        scored = trainer.engine.scorer(trainer.model, inputs)
+        logits = trainer.model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).logits
+    # One assistant token per conversation: its loss is the next-token loss of that token alone.
+    for row, position in ((0, 4), (1, 3)):
+        token = inputs["input_ids"][row, position]
+        expected = torch.nn.functional.cross_entropy(logits[row, position - 1], token)
+        assert torch.allclose(scored[row], expected, atol=1e-5)
+    assert torch.allclose(scored.mean(), own, atol=1e-6)
+
+
+def test_weights_of_one_train_exactly_as_sft_trainer_with_accumulation(output_dir, tokenizer):
+    """sb keeping every row with weight 1 (P = 1): the weighted loss is SFTTrainer's own."""
+    settings = dict(gradient_accumulation_steps=2, lr_scheduler_type="constant", logging_steps=1, num_train_epochs=1)
+    reference = trainer_for(output_dir, tokenizer, prompt_completion(32), SFTTrainer, **settings)
+    reference.train()
+    ours = trainer_for(output_dir, tokenizer, prompt_completion(32), sb_importance_weighting=True, sb_min_prob=1.0,
+                       **settings)
+    ours.train()
+    assert ours.state.global_step == reference.state.global_step == 4
+    losses = [entry["loss"] for entry in ours.state.log_history if "loss" in entry]
+    expected = [entry["loss"] for entry in reference.state.log_history if "loss" in entry]
+    assert losses == pytest.approx(expected, rel=1e-5)
+    assert torch.allclose(weights(ours.model), weights(reference.model), atol=1e-6)
+
+
+def test_other_arguments_are_refused_naming_the_sft_config(output_dir, tokenizer):
+    from hf_selective_backprop import SelectiveBackpropConfig
+
+    for args in (SelectiveBackpropConfig(output_dir, use_cpu=True), SFTConfig(output_dir, use_cpu=True, bf16=False)):
+        message = f"needs args of type SelectiveBackpropSFTConfig.*got {type(args).__name__}"
+        with pytest.raises(TypeError, match=message):
+            SelectiveBackpropSFTTrainer(model=sft_model(tokenizer), args=args, train_dataset=language_modelling(),
+                                        processing_class=tokenizer)

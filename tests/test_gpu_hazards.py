@@ -1,0 +1,110 @@
+"""Hazards that a GPU, NCCL, mixed precision or torch.compile would hit, shown on the CPU where a CPU can show them."""
+
+import pytest
+import torch
+import torch.distributed as dist
+from tiny import TinyClassifier, make_config, make_dataset
+from torch import nn
+from transformers import Trainer
+
+from hf_selective_backprop import SelectiveBackpropTrainer
+from hf_selective_backprop import trainer as trainer_module
+
+
+def build(output_dir, trainer_cls=SelectiveBackpropTrainer, model=None, **overrides):
+    return trainer_cls(
+        model=model or TinyClassifier(), args=make_config(output_dir, **overrides), train_dataset=make_dataset(64)
+    )
+
+
+def _pretend(monkeypatch, **flags):
+    """The Trainer as it would stand after creating an accelerator with these flags (FSDP, DeepSpeed)."""
+    create = Trainer.create_accelerator_and_postprocess
+
+    def create_then_flag(self):
+        create(self)
+        for name, value in flags.items():
+            setattr(self, name, value)
+
+    monkeypatch.setattr(Trainer, "create_accelerator_and_postprocess", create_then_flag)
+
+
+def test_fsdp_with_a_selection_forward_is_refused_at_construction(output_dir, monkeypatch):
+    _pretend(monkeypatch, is_fsdp_enabled=True)
+    with pytest.raises(ValueError, match=r"--sb_strategy sb runs selection forwards, which FSDP"):
+        build(output_dir, sb_strategy="sb")
+    # Strategies without a selection forward add no forward of their own: the Trainer's collectives stay as they are.
+    assert build(output_dir, sb_strategy="uniform").selector is not None
+
+
+def test_deepspeed_zero3_with_a_selection_forward_is_refused(output_dir, monkeypatch):
+    _pretend(monkeypatch, is_deepspeed_enabled=True)
+    monkeypatch.setattr(trainer_module, "is_deepspeed_zero3_enabled", lambda: True)
+    with pytest.raises(ValueError, match="DeepSpeed ZeRO stage 3"):
+        build(output_dir, sb_strategy="sb", sb_staleness=2)
+    monkeypatch.setattr(trainer_module, "is_deepspeed_zero3_enabled", lambda: False)
+    build(output_dir, sb_strategy="sb")  # ZeRO stage 1/2 shard no weights
+
+
+def test_data_parallel_is_refused_naming_accelerate_launch(output_dir, monkeypatch):
+    # As TrainingArguments finds it with two visible GPUs and no distributed launch.
+    monkeypatch.setattr(type(make_config(output_dir)), "n_gpu", property(lambda self: 2))
+    with pytest.raises(ValueError, match=r"2 GPUs in one process .*`accelerate launch`"):
+        build(output_dir, sb_strategy="topk")
+    build(output_dir, sb_strategy="none")  # Traditional is the Trainer's own DataParallel path
+
+
+class CastingTrainer(SelectiveBackpropTrainer):
+    """Casts floating inputs to bfloat16 in `_prepare_inputs`, as the Trainer does under DeepSpeed bf16."""
+
+    def _prepare_input(self, data):
+        data = super()._prepare_input(data)
+        if isinstance(data, torch.Tensor) and torch.is_floating_point(data):
+            return data.to(torch.bfloat16)
+        return data
+
+
+def test_selection_inputs_are_prepared_by_the_trainer(output_dir):
+    # A bf16 model takes only bf16 inputs: the selection forward fails unless its inputs are prepared as training's.
+    trainer = build(output_dir, CastingTrainer, model=TinyClassifier().to(torch.bfloat16), num_train_epochs=1)
+    trainer.train()
+    assert trainer.sb_stats["selection_forwards"] == 64
+    assert trainer.sb_stats["optimizer_steps"] > 0
+
+
+class DtypeRecorder(TinyClassifier):
+    """Records the dtype of its first layer's output in each eval-mode forward (selection forwards)."""
+
+    def __init__(self):
+        super().__init__()
+        self.eval_dtypes = set()
+        self.net[0].register_forward_hook(self._record)
+
+    def _record(self, module, args, output):
+        if not self.training:
+            self.eval_dtypes.add(output.dtype)
+
+
+@pytest.mark.parametrize(("precision", "expected"), [("auto", torch.bfloat16), ("fp32", torch.float32)])
+def test_selection_precision_takes_effect_under_mixed_precision_training(output_dir, precision, expected):
+    model = DtypeRecorder()
+    trainer = build(output_dir, model=model, bf16=True, num_train_epochs=1, sb_selection_precision=precision)
+    trainer.train()
+    assert model.eval_dtypes == {expected}
+    # Accelerate's patch is back in place for training once the selection forward is done.
+    assert "_original_forward" in model.__dict__ and model.forward != model._original_forward
+
+
+def test_selection_model_unwraps_compiled_ddp_without_changing_the_training_model(output_dir, tmp_path):
+    trainer = build(output_dir)
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1), rank=0, world_size=1)
+    try:
+        ddp = nn.parallel.DistributedDataParallel(trainer.model)
+        trainer.model_wrapped = torch.compile(ddp, backend="eager")  # how Accelerate wraps DDP + torch_compile
+        assert trainer._selection_model() is trainer.model
+        assert trainer.model_wrapped._orig_mod is ddp  # training still goes through DDP
+    finally:
+        dist.destroy_process_group()
+    compiled = trainer.model_wrapped = torch.compile(trainer.model, backend="eager")
+    assert trainer._selection_model() is compiled  # one process: the selection forward stays compiled
+

@@ -6,6 +6,8 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 
+from .transfer import to_device, to_host
+
 
 def all_true(accelerator: Accelerator, flag: bool) -> bool:
     """True only if ``flag`` holds on every rank: the one decision all ranks then share."""
@@ -17,15 +19,24 @@ def all_true(accelerator: Accelerator, flag: bool) -> bool:
 
 
 def gather_pairs(accelerator: Accelerator, ids: torch.Tensor, losses: torch.Tensor):
-    """(ids, losses) of every rank, aligned row for row; non-finite losses are kept as NaN."""
+    """(ids, losses) of every rank on the host, aligned row for row (non-finite losses kept as NaN), and the
+    slice of them that holds this rank's own rows.
+
+    One process: one device-to-host copy. Several: ids (exact in float64 below 2**53) and losses travel
+    as one tensor, so the host waits twice: for the row counts (`pad_across_processes`) and the rows.
+    """
+    ids, losses = ids.reshape(-1), losses.reshape(-1)
     if accelerator.num_processes == 1:
-        return ids, losses
-    ids = ids.reshape(-1).to(accelerator.device, torch.int64)
-    losses = losses.reshape(-1).to(accelerator.device, torch.float32)
-    all_ids = accelerator.gather(accelerator.pad_across_processes(ids, dim=0, pad_index=-1)).cpu()
-    all_losses = accelerator.gather(accelerator.pad_across_processes(losses, dim=0, pad_index=0)).cpu()
-    real = all_ids >= 0
-    return all_ids[real], all_losses[real]
+        ids, losses = to_host(ids.to(torch.int64), losses.to(torch.float32))
+        return ids, losses, slice(0, len(ids))
+    device = accelerator.device
+    pairs = torch.stack([to_device(ids, device).double(), to_device(losses, device).double()], dim=1)
+    padded = accelerator.pad_across_processes(pairs, dim=0, pad_index=-1)
+    gathered = accelerator.gather(padded).cpu()
+    real = gathered[:, 0] >= 0
+    before = int(real[: accelerator.process_index * padded.shape[0]].sum())
+    gathered = gathered[real]
+    return gathered[:, 0].to(torch.int64), gathered[:, 1].to(torch.float32), slice(before, before + len(ids))
 
 
 def sum_over_processes(accelerator: Accelerator, values: dict[str, float]) -> dict[str, float]:

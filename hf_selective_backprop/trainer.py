@@ -282,7 +282,7 @@ class SelectiveBackpropTrainer(Trainer):
                 loss = loss * self._loss_scale(num_items_in_batch)
             if refresh:
                 # A trained example's training-forward loss is fresher than its stored one.
-                self.engine.observe(ids, per_example.detach().float().cpu())
+                self.engine.observe(ids, per_example.detach())
         return (loss, outputs) if return_outputs else loss
 
     def _loss_scale(self, num_items_in_batch) -> int:

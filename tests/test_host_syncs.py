@@ -78,7 +78,8 @@ class OnDeviceTrainer(SelectiveBackpropTrainer):
 
 def trainer_for(output_dir, n=64, **overrides):
     # The model's parameters are nn.Parameter, not host tensors: they count as on the device.
-    return OnDeviceTrainer(model=TinyClassifier(), args=make_config(output_dir, **overrides), train_dataset=make_dataset(n))
+    args = make_config(output_dir, **overrides)
+    return OnDeviceTrainer(model=TinyClassifier(), args=args, train_dataset=make_dataset(n))
 
 
 def selection_batch(trainer, rows=16):
@@ -149,5 +150,7 @@ def test_the_fake_device_sees_a_blocking_copy():
     _ = x[x > 1]
     _ = int(x.sum())
     assert OnDevice.syncs == [
-        "host tensor in a device op: __getitem__", "data-dependent size: boolean mask in __getitem__", "to host: __int__"
+        "host tensor in a device op: __getitem__",
+        "data-dependent size: boolean mask in __getitem__",
+        "to host: __int__",
     ]

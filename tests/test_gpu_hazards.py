@@ -9,6 +9,7 @@ from transformers import Trainer
 
 from hf_selective_backprop import SelectiveBackpropTrainer
 from hf_selective_backprop import trainer as trainer_module
+from hf_selective_backprop.engine import SelectionEngine
 
 
 def build(output_dir, trainer_cls=SelectiveBackpropTrainer, model=None, **overrides):
@@ -108,3 +109,17 @@ def test_selection_model_unwraps_compiled_ddp_without_changing_the_training_mode
     compiled = trainer.model_wrapped = torch.compile(trainer.model, backend="eager")
     assert trainer._selection_model() is compiled  # one process: the selection forward stays compiled
 
+
+
+@pytest.mark.parametrize(("sync_timers", "device", "waits"), [(True, "cuda", 2), (False, "cuda", 0), (True, "cpu", 0)])
+def test_timers_wait_for_the_accelerator_only_when_asked(output_dir, monkeypatch, sync_timers, device, waits):
+    calls = []
+    monkeypatch.setattr(torch.accelerator, "synchronize", lambda device=None: calls.append(device))
+    trainer = build(output_dir, sb_sync_timers=sync_timers)
+    # The engine as the trainer builds it, on an accelerator of this type (nothing runs on it here).
+    accelerator = type("Accelerator", (), {"device": torch.device(device)})()
+    engine = SelectionEngine(trainer.args, trainer.selector, trainer.engine.scorer, accelerator, 8, 8)
+    with engine.stats.timer("selection_forward_seconds"):
+        assert len(calls) == waits // 2  # before the phase starts: work queued earlier is not its time
+    assert calls == [torch.device(device)] * waits
+    assert "synchronize" not in engine.stats.state_dict()

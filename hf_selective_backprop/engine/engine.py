@@ -15,6 +15,7 @@ Data flows one way through it (docs/architecture.md):
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 import torch
 from accelerate import Accelerator
@@ -57,6 +58,8 @@ class SelectionEngine:
         self.queue = BatchQueue(**(padding or {}))
         self.store = LossStore()
         self.stats = SelectionStats()
+        if args.sb_sync_timers and accelerator.device.type != "cpu":
+            self.stats.synchronize = partial(torch.accelerator.synchronize, accelerator.device)
         self.generator = torch.Generator().manual_seed(args.seed + 1_000_003 * args.process_index)
         self.sampler: PlannedSampler | None = None
         self.dataloader = None

@@ -5,7 +5,8 @@ import torch
 import torch.distributed as dist
 from tiny import TinyClassifier, make_config, make_dataset
 from torch import nn
-from transformers import Trainer
+from torch._dynamo.utils import counters
+from transformers import Trainer, TrainerCallback
 
 from hf_selective_backprop import SelectiveBackpropTrainer
 from hf_selective_backprop import trainer as trainer_module
@@ -123,3 +124,29 @@ def test_timers_wait_for_the_accelerator_only_when_asked(output_dir, monkeypatch
         assert len(calls) == waits // 2  # before the phase starts: work queued earlier is not its time
     assert calls == [torch.device(device)] * waits
     assert "synchronize" not in engine.stats.state_dict()
+
+
+class GraphCounter(TrainerCallback):
+    def __init__(self):
+        self.graphs_after_epoch = []
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.graphs_after_epoch.append(counters["stats"]["unique_graphs"])
+
+
+def test_torch_compile_compiles_a_bounded_number_of_graphs(output_dir):
+    torch._dynamo.reset()
+    counters.clear()
+    # 100 examples in selection batches of 24: each epoch ends with a batch of 4; Stale-SB's second epoch
+    # scores nothing; the selection forward runs in eval mode without gradients.
+    args = make_config(
+        output_dir, num_train_epochs=3, sb_staleness=2, sb_selection_batch_size=24,
+        torch_compile=True, torch_compile_backend="eager",  # dynamo's guards and graphs without code generation
+    )
+    counter = GraphCounter()
+    trainer = SelectiveBackpropTrainer(model=TinyClassifier(), args=args, train_dataset=make_dataset(100), callbacks=[counter])
+    trainer.train()
+    assert type(trainer.model_wrapped).__name__ == "OptimizedModule"
+    # Training (train mode, gradients), selection (eval mode, no gradients), and the first selection batch of
+    # another size, after which dynamo treats the batch dimension as dynamic. Nothing more in later epochs.
+    assert counter.graphs_after_epoch == [3, 3, 3]

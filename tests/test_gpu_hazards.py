@@ -144,7 +144,9 @@ def test_torch_compile_compiles_a_bounded_number_of_graphs(output_dir):
         torch_compile=True, torch_compile_backend="eager",  # dynamo's guards and graphs without code generation
     )
     counter = GraphCounter()
-    trainer = SelectiveBackpropTrainer(model=TinyClassifier(), args=args, train_dataset=make_dataset(100), callbacks=[counter])
+    trainer = SelectiveBackpropTrainer(
+        model=TinyClassifier(), args=args, train_dataset=make_dataset(100), callbacks=[counter]
+    )
     trainer.train()
     assert type(trainer.model_wrapped).__name__ == "OptimizedModule"
     # Training (train mode, gradients), selection (eval mode, no gradients), and the first selection batch of

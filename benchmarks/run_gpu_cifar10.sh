@@ -14,7 +14,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 R=${RESULTS:-benchmarks/results/cifar10-gpu}
-DATA=${DATA:-../shared/data}
+# A local copy of the datasets beside the checkout (or inside it, as a device machine may hold it).
+DATA=${DATA:-$([[ -d shared/data ]] && echo shared/data || echo ../shared/data)}
 EPOCHS=${EPOCHS:-30}
 STRATEGIES=${STRATEGIES:-traditional,sb,stale-sb,infobatch,uniform}
 # Threads of the main process, which decodes once and augments every batch on the CPU.

@@ -1,6 +1,6 @@
 """`make gpu-check`: what the trainer does on a CUDA device, in one markdown report plus JSON (docs/gpu.md).
 
-    python scripts/gpu_check.py [--output_dir benchmarks/results/gpu-check] [--data ../shared/data/cifar10]
+    python scripts/gpu_check.py [--output_dir benchmarks/results/gpu-check] [--data CIFAR10_FOLDER]
                                 [--sections pytest,precision,syncs,throughput] [--budget_seconds 470]
 
 Sections, each in its own process (a crash or hang costs only its own section) and in this order:
@@ -40,7 +40,7 @@ KEEP = 1 / 3
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output_dir", default=str(ROOT / "benchmarks" / "results" / "gpu-check"))
-    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "cifar10"))
+    parser.add_argument("--data", default=default_data(), help="CIFAR-10 in the Hub's layout (a folder or Hub id)")
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--budget_seconds", type=float, default=470.0, help="all sections together")
     parser.add_argument("--run", choices=SECTIONS, help=argparse.SUPPRESS)  # one section, in a child process
@@ -58,6 +58,14 @@ def main() -> int:
         (out / f"{options.run}.json").write_text(json.dumps(result, indent=1, default=str))
         return 0
     return orchestrate(options, out)
+
+
+def default_data() -> str:
+    """A local copy of CIFAR-10 beside or inside the checkout, else the Hub's (which needs the network)."""
+    for folder in (ROOT / "shared" / "data" / "cifar10", ROOT.parent / "shared" / "data" / "cifar10"):
+        if folder.is_dir():
+            return str(folder)
+    return "uoft-cs/cifar10"
 
 
 # ---- orchestration ---------------------------------------------------------------------------------

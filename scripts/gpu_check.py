@@ -198,12 +198,13 @@ def section_precision(options, out: Path) -> dict:
             counters = []
             trainer = train(workload, str(out / "runs" / f"{precision}-{name}"),
                             hook=lambda t, found=counters: (found.append(SkippedSteps(t)), t.add_callback(found[-1])),
-                            **{precision: True, **overrides})
+                            logging_steps=1, **{precision: True, **overrides})
             losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
             scaler = trainer.accelerator.scaler
             stats = trainer.sb_stats
             runs.append({
-                "precision": precision, "strategy": name, "losses_finite": all(math.isfinite(x) for x in losses),
+                "precision": precision, "strategy": name, "logged_losses": len(losses),
+                "losses_finite": bool(losses) and all(math.isfinite(x) for x in losses),
                 "last_loss": losses[-1] if losses else None, "skipped_steps": counters[0].skipped,
                 "loss_scale": scaler.get_scale() if scaler is not None else None,
                 **{k: stats[k] for k in ("examples_seen", "selection_forwards", "kept", "backwards",
@@ -388,12 +389,13 @@ def render(report: dict) -> str:
                   for t in sections["pytest"]["tests"]]
     if sections.get("precision", {}).get("runs"):
         lines += ["", f"## Mixed precision ({sections['precision']['train_examples']} CIFAR-10 images, resnet18)", "",
-                  "| precision | strategy | losses finite | last loss | fp16 skipped steps | loss scale | seen | "
-                  "selection fwd | kept | backwards | steps | non-finite |", "|" + "---|" * 12]
+                  "| precision | strategy | losses logged | all finite | last loss | fp16 skipped steps | loss scale | "
+                  "seen | selection fwd | kept | backwards | steps | non-finite |", "|" + "---|" * 13]
+        columns = ("precision", "strategy", "logged_losses", "losses_finite", "last_loss", "skipped_steps",
+                   "loss_scale", "examples_seen", "selection_forwards", "kept", "backwards", "optimizer_steps",
+                   "nonfinite_losses")
         for run in sections["precision"]["runs"]:
-            lines.append("| " + " | ".join(str(run[k]) for k in (
-                "precision", "strategy", "losses_finite", "last_loss", "skipped_steps", "loss_scale", "examples_seen",
-                "selection_forwards", "kept", "backwards", "optimizer_steps", "nonfinite_losses")) + " |")
+            lines.append("| " + " | ".join(str(run[k]) for k in columns) + " |")
     if sections.get("syncs", {}).get("runs"):
         lines += ["", "## Host synchronisations (torch.cuda.set_sync_debug_mode)", "",
                   "| run | selection batches | steps | per selection batch | per step, outside batch assembly | "

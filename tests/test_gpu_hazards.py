@@ -147,7 +147,10 @@ def test_torch_compile_compiles_a_bounded_number_of_graphs(output_dir):
     trainer = SelectiveBackpropTrainer(
         model=TinyClassifier(), args=args, train_dataset=make_dataset(100), callbacks=[counter]
     )
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        torch._dynamo.reset()  # no compiled code cached for later tests
     assert type(trainer.model_wrapped).__name__ == "OptimizedModule"
     # Training (train mode, gradients), selection (eval mode, no gradients), and the first selection batch of
     # another size, after which dynamo treats the batch dimension as dynamic. Nothing more in later epochs.

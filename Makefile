@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint benchmark
+.PHONY: venv demo test lint benchmark gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,3 +27,8 @@ lint: $(STAMP)
 
 benchmark: $(STAMP)
 	$(PY) scripts/benchmark.py
+
+# On a machine with a CUDA device: pytest -m gpu, mixed precision, host syncs and CIFAR-10 throughput, reported in
+# benchmarks/results/gpu-check/ (docs/gpu.md). Elsewhere it says there is no CUDA device and exits 0.
+gpu-check:
+	bash benchmarks/gpu_check.sh $(GPU_CHECK_ARGS)

@@ -65,12 +65,21 @@ class SelectionStats:
     save_seconds: float = 0.0
     reference_seconds: float = 0.0
 
+    #: Called at each timer's start and end when set (--sb_sync_timers on an accelerator): kernels run
+    #: asynchronously, so without it a phase's time is that of launching its work, not of doing it.
+    #: Not a field: it is no counter and stays out of ``state_dict``.
+    synchronize = None
+
     @contextmanager
     def timer(self, name: str):
+        if self.synchronize is not None:
+            self.synchronize()
         start = time.perf_counter()
         try:
             yield
         finally:
+            if self.synchronize is not None:
+                self.synchronize()
             setattr(self, name, getattr(self, name) + time.perf_counter() - start)
 
     def state_dict(self) -> dict:

@@ -164,6 +164,14 @@ class SelectiveBackpropArguments:
         default=False,
         metadata={"help": "Run the selection forward under torch.inference_mode instead of torch.no_grad."},
     )
+    sb_sync_timers: bool = field(
+        default=False,
+        metadata={
+            "help": "Wait for the accelerator at the start and end of each timed phase, so the time split in "
+            "sb_stats (data, selection forward, selection overhead) measures the work rather than the launch of "
+            "asynchronous kernels. Costs two host synchronisations per timed phase; no effect on a CPU."
+        },
+    )
     sb_history_scope: str = field(
         default="global",
         metadata={

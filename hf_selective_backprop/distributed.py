@@ -6,26 +6,39 @@ import torch
 import torch.distributed as dist
 from accelerate import Accelerator
 
+from .transfer import to_device, to_host
+
 
 def all_true(accelerator: Accelerator, flag: bool) -> bool:
     """True only if ``flag`` holds on every rank: the one decision all ranks then share."""
     if accelerator.num_processes == 1:
         return flag
-    value = torch.tensor([int(flag)], device=accelerator.device)
+    # Filled on the device: a tensor made from host data would be one more blocking copy.
+    value = torch.full((1,), int(flag), device=accelerator.device)
     dist.all_reduce(value, op=dist.ReduceOp.MIN)
     return bool(value.item())
 
 
 def gather_pairs(accelerator: Accelerator, ids: torch.Tensor, losses: torch.Tensor):
-    """(ids, losses) of every rank, aligned row for row; non-finite losses are kept as NaN."""
+    """(ids, losses) of every rank on the host, aligned row for row (non-finite losses kept as NaN), and the
+    slice of them that holds this rank's own rows.
+
+    One process: one device-to-host copy. Several: the host waits twice, for the ranks' row counts and
+    for the rows (ids, exact in float64 below 2**53, and losses travel as one tensor).
+    """
+    ids, losses = ids.reshape(-1), losses.reshape(-1)
     if accelerator.num_processes == 1:
-        return ids, losses
-    ids = ids.reshape(-1).to(accelerator.device, torch.int64)
-    losses = losses.reshape(-1).to(accelerator.device, torch.float32)
-    all_ids = accelerator.gather(accelerator.pad_across_processes(ids, dim=0, pad_index=-1)).cpu()
-    all_losses = accelerator.gather(accelerator.pad_across_processes(losses, dim=0, pad_index=0)).cpu()
-    real = all_ids >= 0
-    return all_ids[real], all_losses[real]
+        ids, losses = to_host(ids.to(torch.int64), losses.to(torch.float32))
+        return ids, losses, slice(0, len(ids))
+    device = accelerator.device
+    counts = accelerator.gather(torch.full((1,), len(ids), device=device, dtype=torch.int64)).cpu().tolist()
+    longest = max(counts)
+    pairs = torch.stack([to_device(ids, device).double(), to_device(losses, device).double()], dim=1)
+    padded = torch.cat([pairs, pairs.new_zeros(longest - len(ids), 2)])  # all_gather needs equal shapes
+    gathered = accelerator.gather(padded).cpu()
+    rows = torch.cat([gathered[rank * longest : rank * longest + count] for rank, count in enumerate(counts)])
+    before = sum(counts[: accelerator.process_index])
+    return rows[:, 0].to(torch.int64), rows[:, 1].to(torch.float32), slice(before, before + len(ids))
 
 
 def sum_over_processes(accelerator: Accelerator, values: dict[str, float]) -> dict[str, float]:

@@ -193,7 +193,7 @@ def compute(trainer, reference: torch.nn.Module, source: str, loss_fn=None) -> R
                 _check_first_batch(trainer, reference, batch, source)
             batch_losses = _score(scorer, reference, batch, source)
             forwards += batch_ids.shape[0]
-            all_ids, all_losses = distributed.gather_pairs(accelerator, batch_ids, batch_losses)
+            all_ids, all_losses, _ = distributed.gather_pairs(accelerator, batch_ids, batch_losses)
             ids.append(all_ids.cpu())
             losses.append(all_losses.cpu())
     table = IrreducibleLosses.from_pairs(torch.cat(ids), torch.cat(losses))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,7 @@ class SelectionScorer:
         scale: float = 1.0,
         channels_last: bool = False,
         inference_mode: bool = False,
+        prepare_inputs: Callable[[dict], dict] | None = None,
     ):
         self.loss_fn = loss_fn
         self.label_name = label_name
@@ -36,10 +38,14 @@ class SelectionScorer:
         self.scale = scale
         self.channels_last = channels_last
         self.inference_mode = inference_mode
+        self.prepare_inputs = prepare_inputs
 
     @classmethod
-    def from_args(cls, loss_fn: PerExampleLoss, label_name: str, args) -> SelectionScorer:
-        """The scorer that a `SelectiveBackpropConfig`'s ``sb_selection_*`` flags describe."""
+    def from_args(
+        cls, loss_fn: PerExampleLoss, label_name: str, args, prepare_inputs: Callable[[dict], dict] | None = None
+    ) -> SelectionScorer:
+        """The scorer that a `SelectiveBackpropConfig`'s ``sb_selection_*`` flags describe; ``prepare_inputs``
+        is the Trainer's input preparation (``Trainer._prepare_inputs``), applied to the model's inputs."""
         return cls(
             loss_fn,
             label_name=label_name,
@@ -48,18 +54,31 @@ class SelectionScorer:
             scale=args.sb_selection_scale,
             channels_last=args.sb_selection_channels_last,
             inference_mode=args.sb_selection_inference_mode,
+            prepare_inputs=prepare_inputs,
         )
 
     def _grad_context(self):
         return torch.inference_mode() if self.inference_mode else torch.no_grad()
 
-    def _precision_context(self, device: torch.device):
+    @contextlib.contextmanager
+    def _precision_context(self, model: torch.nn.Module, device: torch.device):
         # "auto" leaves precision to Accelerate, which patches autocast into model.forward.
+        if self.precision == "auto":
+            yield
+            return
         if self.precision in _AUTOCAST_DTYPES:
-            return torch.autocast(device_type=device.type, dtype=_AUTOCAST_DTYPES[self.precision])
-        return contextlib.nullcontext()
+            autocast = torch.autocast(device_type=device.type, dtype=_AUTOCAST_DTYPES[self.precision])
+        else:
+            autocast = torch.autocast(device_type=device.type, enabled=False)
+        with _without_training_autocast(model), autocast:
+            yield
 
     def _prepare_inputs(self, inputs: dict) -> dict:
+        inputs = self._rescale(inputs)
+        # Last, as training inputs are prepared: DeepSpeed casts floating inputs to the model's dtype here.
+        return self.prepare_inputs(inputs) if self.prepare_inputs is not None else inputs
+
+    def _rescale(self, inputs: dict) -> dict:
         if self.scale == 1.0 and not self.channels_last:
             return inputs
         if "pixel_values" not in inputs or inputs["pixel_values"].dim() != 4:
@@ -84,7 +103,7 @@ class SelectionScorer:
         was_training = model.training
         model.train(self.mode == "train")
         try:
-            with self._grad_context(), self._precision_context(labels.device):
+            with self._grad_context(), self._precision_context(model, labels.device):
                 # A loss may ask the forward for more, e.g. TRL's fused LM head: log-probabilities, not logits.
                 extra = getattr(self.loss_fn, "forward_kwargs", None)
                 outputs = self._forward(model, {**inputs, **extra(labels)} if extra is not None else inputs)
@@ -122,7 +141,24 @@ class SelectionScorer:
         was_training = model.training
         model.eval()
         try:
-            with torch.no_grad(), self._precision_context(next(iter(inputs.values())).device):
+            with torch.no_grad(), self._precision_context(model, next(iter(inputs.values())).device):
                 self._forward(model, inputs)
         finally:
             model.train(was_training)
+
+
+@contextlib.contextmanager
+def _without_training_autocast(model: torch.nn.Module):
+    """``model``'s own forward for the duration: with --bf16/--fp16 Accelerate replaces ``model.forward`` by one
+    that enters autocast in the training precision (keeping the original as ``_original_forward``), and an
+    autocast entered inside it would override any precision chosen outside."""
+    original = model.__dict__.get("_original_forward")
+    patched = model.__dict__.get("forward")
+    if original is None or patched is None:
+        yield
+        return
+    model.forward = original
+    try:
+        yield
+    finally:
+        model.forward = patched

@@ -18,6 +18,7 @@ from functools import partial
 import datasets
 import torch
 from transformers import Trainer
+from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
 from . import distributed, reference, rotation
@@ -86,6 +87,7 @@ class SelectiveBackpropMixin:
             )
         if self.selector is None:
             return
+        self._refuse_unsupported_parallelism()
         if self.train_dataset is not None:
             if isinstance(self.train_dataset, torch.utils.data.IterableDataset) and self.args.sb_staleness > 1:
                 raise ValueError("--sb_staleness > 1 needs a map-style dataset: an IterableDataset has no stable ids")
@@ -174,10 +176,42 @@ class SelectiveBackpropMixin:
         self.engine.stats.reference_seconds = self._reference_pass.seconds
         return self._reference_pass.table
 
+    def _refuse_unsupported_parallelism(self) -> None:
+        """Setups whose collectives or loss scale selection would break, refused before anything trains."""
+        strategy = self.args.sb_strategy
+        if self.args.n_gpu > 1:
+            # The Trainer would wrap the model in nn.DataParallel, which splits each step's batch over the
+            # devices and multiplies the loss by the device count (Trainer.compute_loss); a weighted loss
+            # computed on the gathered outputs would be n_gpu times too large.
+            raise ValueError(
+                f"--sb_strategy {strategy} with {self.args.n_gpu} GPUs in one process (torch.nn.DataParallel) is not "
+                "supported: launch one process per GPU with `accelerate launch` (or torchrun), or make one GPU "
+                "visible (CUDA_VISIBLE_DEVICES=0)"
+            )
+        if not self.selector.needs_losses:
+            return  # no selection forward: the Trainer's own forwards are the only collectives
+        sharded = None
+        if self.is_fsdp_enabled:
+            sharded = "FSDP (--fsdp / an accelerate FSDP config)"
+        elif self.is_deepspeed_enabled and is_deepspeed_zero3_enabled():
+            sharded = "DeepSpeed ZeRO stage 3"
+        if sharded is not None:
+            # A sharded model all-gathers its weights in every forward, so every rank must run the same number
+            # of forwards; selection forwards run only where a rank has rows to score (a fully planned batch,
+            # a Stale-SB epoch's stored losses), which would hang. Not run on GPUs yet: refused until it is.
+            raise ValueError(
+                f"--sb_strategy {strategy} runs selection forwards, which {sharded} does not support yet (ranks "
+                "would run different numbers of forwards and hang in the weight all-gather). Use DDP or DeepSpeed "
+                "ZeRO stage 1/2, or a strategy without a selection forward (uniform, infobatch)"
+            )
+
     def _build_engine(self) -> SelectionEngine:
         """Fresh selection state: at construction and at each (auto_find_batch_size) restart."""
         args = self.args
-        scorer = SelectionScorer.from_args(self.per_example_loss_func, self.label_name, args)
+        # The Trainer's own input preparation (device, DeepSpeed's cast to the model's dtype) for selection too.
+        scorer = SelectionScorer.from_args(
+            self.per_example_loss_func, self.label_name, args, prepare_inputs=self._prepare_inputs
+        )
         self.selector = build_selector(args)
         # Text rows from different selection batches have different lengths: re-pad each micro-batch.
         task = model_task(self.accelerator.unwrap_model(self.model))
@@ -325,11 +359,17 @@ class SelectiveBackpropMixin:
     def _selection_model(self) -> torch.nn.Module:
         # Under DDP a forward of the wrapper syncs buffers, a collective that ranks scoring
         # different numbers of rows would not match; the inner module (which keeps
-        # Accelerate's autocast patch) needs no collective. FSDP/DeepSpeed must use the wrapper.
+        # Accelerate's autocast patch) needs no collective. With torch_compile the DDP wrapper sits
+        # inside the compiled one, so both are unwrapped (keep_torch_compile=False: keeping it would
+        # re-point the compiled module at the inner one and take DDP out of training too). A compiled
+        # model without a wrapper inside stays compiled, unless --sb_selection_precision needs the
+        # eager module (SelectionScorer swaps its forward).
         wrapped = self.model_wrapped
-        if isinstance(wrapped, torch.nn.parallel.DistributedDataParallel):
-            return wrapped.module
-        return wrapped
+        inner = self.accelerator.unwrap_model(wrapped, keep_torch_compile=False)
+        compiled_alone = getattr(wrapped, "_orig_mod", None) is inner
+        if compiled_alone and self.args.sb_selection_precision == "auto":
+            return wrapped
+        return inner
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.selector is None:
@@ -351,7 +391,7 @@ class SelectiveBackpropMixin:
             loss = loss * self._loss_scale(num_items_in_batch)
         if refresh:
             # A trained example's training-forward loss is fresher than its stored one.
-            self.engine.observe(ids, per_example.detach().float().cpu())
+            self.engine.observe(ids, per_example.detach())
         return (loss, outputs) if return_outputs else loss
 
     def _loss_and_outputs(self, model, inputs, num_items_in_batch):

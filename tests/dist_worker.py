@@ -206,12 +206,13 @@ def main() -> None:
     parser.add_argument("--augment", action="store_true")
     parser.add_argument("--text", action="store_true", help="a tiny BERT on padded sentences of varying length")
     parser.add_argument("--reference", action="store_true", help="'rholoss': a second TinyMLP as reference model")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: one GPU per process (NCCL)")
     args = parser.parse_args()
 
     rank = int(os.environ.get("RANK", "0"))
     config = SelectiveBackpropConfig(
         output_dir=os.path.join(args.out, "trainer"),
-        use_cpu=True,
+        use_cpu=args.device == "cpu",
         seed=0,
         per_device_train_batch_size=args.batch,
         gradient_accumulation_steps=args.grad_accum,

@@ -15,12 +15,13 @@ Data flows one way through it (docs/architecture.md):
 from __future__ import annotations
 
 import sys
+from functools import partial
 
 import torch
 from accelerate import Accelerator
 from transformers.trainer_utils import has_length
 
-from .. import distributed
+from .. import distributed, transfer
 from ..accounting import SelectionStats
 from ..queue import BatchQueue
 from ..reference import IrreducibleLosses
@@ -60,6 +61,8 @@ class SelectionEngine:
         #: Irreducible loss per example id ('rholoss'): set by the trainer before training or from a checkpoint.
         self.irreducible: IrreducibleLosses | None = None
         self.stats = SelectionStats()
+        if args.sb_sync_timers and accelerator.device.type != "cpu":
+            self.stats.synchronize = partial(torch.accelerator.synchronize, accelerator.device)
         self.generator = torch.Generator().manual_seed(args.seed + 1_000_003 * args.process_index)
         self.sampler: PlannedSampler | None = None
         self.dataloader = None
@@ -228,7 +231,7 @@ class SelectionEngine:
     def next_step(self, device) -> list[dict]:
         with self.stats.timer("selection_overhead_seconds"):
             micro_batches = [
-                {k: v.to(device, non_blocking=True) for k, v in self.queue.pop(self.batch_size).items()}
+                {k: transfer.to_device(v, device) for k, v in self.queue.pop(self.batch_size).items()}
                 for _ in range(self.args.gradient_accumulation_steps)
             ]
         trained = self.batch_size * self.args.gradient_accumulation_steps
@@ -276,38 +279,52 @@ class SelectionEngine:
             return self.data_state.next(epoch_iterator)
 
     def add_batch(self, batch: dict, selecting: bool, model: torch.nn.Module) -> None:
-        """Queue a loaded selection batch's rows to train: all, the planned ones, or those selected."""
+        """Queue a loaded selection batch's rows to train: all, the planned ones, or those selected.
+
+        The host waits for the device once per selection batch on one process: for the batch's ids in a
+        planned epoch, else for its losses (docs/gpu.md counts the synchronisations).
+        """
         self.consumed += 1
         self.stats.examples_loaded += _batch_length(batch)
+        host_ids = None
         if selecting and self.plan is not None:
-            decided = self.plan.is_decided(batch[self.index_column].cpu())
+            (host_ids,) = transfer.to_host(batch[self.index_column])
+            decided = self.plan.is_decided(host_ids)
             if bool(decided.any()):
-                self._push(self._planned_rows(batch, decided))  # counted as seen when planned
+                self._push(self._planned_rows(batch, host_ids, decided))  # counted as seen when planned
                 if bool(decided.all()):
                     return
-                batch = _rows(batch, (~decided).nonzero().squeeze(1))
+                undecided = (~decided).nonzero().squeeze(1)
+                batch, host_ids = _rows(batch, transfer.to_device(undecided, _batch_device(batch))), host_ids[undecided]
         self.stats.examples_seen += _batch_length(batch)
         if selecting:
-            self._select(batch, model)
+            self._select(batch, model, host_ids)
         else:
             self._push(dict(batch))
 
-    def _planned_rows(self, batch: dict, decided: torch.Tensor) -> dict:
-        rows = _rows(batch, decided.nonzero().squeeze(1))
+    def _planned_rows(self, batch: dict, host_ids: torch.Tensor, decided: torch.Tensor) -> dict:
+        positions = decided.nonzero().squeeze(1)
+        device = _batch_device(batch)
+        rows = _rows(batch, transfer.to_device(positions, device))
         if self.plan.weights is not None:
-            rows[WEIGHT_KEY] = self.plan.weights[rows[self.index_column].cpu()].to(_batch_device(batch))
+            rows[WEIGHT_KEY] = transfer.to_device(self.plan.weights[host_ids[positions]], device)
         return rows
 
-    def _select(self, batch: dict, model: torch.nn.Module) -> None:
+    def _select(self, batch: dict, model: torch.nn.Module, host_ids: torch.Tensor | None = None) -> None:
         size = _batch_length(batch)
-        losses = self.losses_for(batch, model)
+        losses = self.losses_for(batch, model, host_ids)
         with self.stats.timer("selection_overhead_seconds"):
-            losses = losses.cpu()
-            # A stream without ids gathers placeholder ids: only the losses are used then.
-            ids = batch.get(self.index_column, torch.zeros(size, dtype=torch.int64)).cpu()
             population = None
-            if self.args.sb_history_scope == "global":
-                population = self._ranked(*distributed.gather_pairs(self.accelerator, ids, losses))
+            # A stream without ids gathers placeholder ids: only the losses are used then.
+            ids = batch.get(self.index_column, torch.zeros(size, dtype=torch.int64))
+            if self.args.sb_history_scope == "global" and self.accelerator.num_processes > 1:
+                all_ids, population, mine = distributed.gather_pairs(self.accelerator, ids, losses)
+                ids, losses = all_ids[mine], population[mine]
+                population = self._ranked(all_ids, population)
+            elif self.selector.uses_reference_losses:
+                ids, losses = transfer.to_host(ids.to(torch.int64), losses)  # still one copy
+            else:
+                (losses,) = transfer.to_host(losses)
             selection = self.selector.select(self._ranked(ids, losses), self.generator, population=population)
             self.stats.considered += size
             self.stats.kept += selection.indices.numel()
@@ -315,9 +332,10 @@ class SelectionEngine:
             self.stats.nonfinite_losses += nonfinite
             self._epoch_scored += size
             self._epoch_nonfinite += nonfinite
-            rows = _rows(batch, selection.indices.to(_batch_device(batch)))
+            device = _batch_device(batch)
+            rows = _rows(batch, transfer.to_device(selection.indices, device))
             if selection.weights is not None:
-                rows[WEIGHT_KEY] = selection.weights.to(_batch_device(batch))
+                rows[WEIGHT_KEY] = transfer.to_device(selection.weights, device)
         self._push(rows)
 
     def _ranked(self, ids: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
@@ -331,8 +349,10 @@ class SelectionEngine:
             rows[WEIGHT_KEY] = torch.ones(_batch_length(rows), device=_batch_device(rows))
         self.queue.push(rows)
 
-    def losses_for(self, batch: dict, model: torch.nn.Module) -> torch.Tensor:
-        """Per-example losses of a selection batch: a selection forward, or stored ones.
+    def losses_for(self, batch: dict, model: torch.nn.Module, host_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-example losses of a selection batch: a selection forward (on the device, or on the host when
+        the store recorded them), or stored ones (on the host). ``host_ids``: the batch's ids on the host,
+        if already copied there.
 
         Stored losses are read here only in a stale epoch that could not be planned before loading
         (``sb_interrupt``, or an ``sb_start``/``sb_end`` boundary inside it).
@@ -343,13 +363,15 @@ class SelectionEngine:
         ids = batch.get(self.index_column)  # None for a stream without ids (plain SB only)
         if not self.is_stale_epoch(self.epoch) or self.plan is not None:
             return self._score(batch, ids, model)
-        losses, _ = self.store.lookup(ids)
+        if host_ids is None:
+            (host_ids,) = transfer.to_host(ids)
+        losses, _ = self.store.lookup(host_ids)
         unknown = torch.isnan(losses)
         self.stats.stale_lookups += size - int(unknown.sum())
         if unknown.any():
             # Examples never scored (e.g. new ids) still need one forward to be ranked.
-            rows = unknown.nonzero().squeeze(1).to(ids.device)
-            losses[unknown] = self._score(_rows(batch, rows), ids[rows], model).cpu()
+            rows = transfer.to_device(unknown.nonzero().squeeze(1), ids.device)
+            losses[unknown] = transfer.to_host(self._score(_rows(batch, rows), ids[rows], model))[0]
         elif self.accelerator.num_processes > 1:
             # Keep the store's collective in lockstep with ranks that did score something.
             self.observe(ids[:0], torch.zeros(0))
@@ -361,13 +383,15 @@ class SelectionEngine:
             losses = self.scorer(model, inputs)
         self.stats.selection_forwards += _batch_length(batch)
         if self.records_training_losses:
-            self.observe(ids, losses)
+            losses = self.observe(ids, losses)  # copied to the host with the ids, once
         return losses
 
-    def observe(self, ids: torch.Tensor, losses: torch.Tensor) -> None:
-        """Store losses of every rank's examples, so each rank holds the same store (a collective)."""
-        all_ids, all_losses = distributed.gather_pairs(self.accelerator, ids, losses.detach())
+    def observe(self, ids: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
+        """Store losses of every rank's examples, so each rank holds the same store (a collective); returns
+        this rank's ``losses`` on the host."""
+        all_ids, all_losses, mine = distributed.gather_pairs(self.accelerator, ids, losses.detach())
         self.store.update(all_ids, all_losses, self.epoch)
+        return all_losses[mine]
 
 
 def check_rows(batch: dict) -> None:

@@ -26,8 +26,8 @@ from ..checkpoints import STATE_FILE
 from ..indexing import IndexedDataset
 
 #: ``sb_*`` flags that decide nothing: the size of a selection forward (a resumed epoch skips rows,
-#: not batches) and how it runs.
-SPEED_ONLY = ("sb_selection_batch_size", "sb_selection_inference_mode", "sb_selection_channels_last")
+#: not batches) and how it runs or is timed.
+SPEED_ONLY = ("sb_selection_batch_size", "sb_selection_inference_mode", "sb_selection_channels_last", "sb_sync_timers")
 SEEDS = ("seed", "data_seed")
 #: Settings a resumed run may change.
 TRAINING = (

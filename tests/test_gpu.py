@@ -1,0 +1,166 @@
+"""What only a CUDA device can show (marked ``gpu``: collected and skipped without one; `make gpu-check` runs them).
+
+None of these has run yet: no CUDA device was available while they were written (docs/gpu.md).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from tiny import TinyClassifier, TinyConv, make_config, make_dataset, make_image_dataset
+from transformers.trainer_utils import get_last_checkpoint
+
+from hf_selective_backprop import SelectiveBackpropTrainer, losses, transfer
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cuda_syncs(fn) -> list[str]:
+    """Where ``fn`` made the host wait for the device (torch.cuda.set_sync_debug_mode), as 'file:line'."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return [f"{Path(w.filename).name}:{w.lineno}" for w in caught if "synchroniz" in str(w.message)]
+
+
+def cuda_config(output_dir, **overrides):
+    return make_config(output_dir, use_cpu=False, **overrides)
+
+
+def test_to_device_does_not_wait_and_to_host_waits_once():
+    host = torch.arange(1000)
+    assert cuda_syncs(lambda: transfer.to_device(host, "cuda")) == []
+    on_device = transfer.to_device(host, "cuda")
+    assert on_device.is_cuda and torch.equal(on_device.cpu(), host)
+    tensors = (on_device, on_device.float() / 3, on_device > 500)
+    copied = []
+    assert len(cuda_syncs(lambda: copied.extend(transfer.to_host(*tensors)))) == 1
+    for original, back in zip(tensors, copied, strict=True):
+        assert back.device.type == "cpu" and back.dtype == original.dtype and torch.equal(back, original.cpu())
+
+
+def test_a_selection_batch_waits_for_the_device_once(output_dir, monkeypatch):
+    # losses.check_class_labels validates labels with bool(): one more wait per per-example loss (docs/gpu.md).
+    monkeypatch.setattr(losses, "check_class_labels", lambda *args, **kwargs: None)
+    trainer = SelectiveBackpropTrainer(
+        model=TinyClassifier(), args=cuda_config(output_dir, sb_strategy="sb", sb_keep=0.5),
+        train_dataset=make_dataset(64),
+    )
+    model = trainer.model.cuda()
+    batch = {k: v.cuda() for k, v in trainer.train_dataset[:16].items()}
+    engine = trainer.engine
+    assert len(cuda_syncs(lambda: engine.add_batch(batch, True, model))) == 1
+    for _ in range(3):
+        engine.add_batch(batch, True, model)
+    assert cuda_syncs(lambda: engine.next_step(torch.device("cuda"))) == []
+
+
+class DtypeRecorder(TinyClassifier):
+    def __init__(self):
+        super().__init__()
+        self.eval_dtypes = set()
+        self.net[0].register_forward_hook(lambda module, args, output: self._record(output))
+
+    def _record(self, output):
+        if not self.training:
+            self.eval_dtypes.add(output.dtype)
+
+
+@pytest.mark.parametrize(
+    ("training", "selection", "expected"),
+    [("bf16", "auto", torch.bfloat16), ("bf16", "fp32", torch.float32), ("fp16", "bf16", torch.bfloat16),
+     ("fp16", "auto", torch.float16)],
+)
+def test_selection_forward_runs_in_the_chosen_precision(output_dir, training, selection, expected):
+    model = DtypeRecorder()
+    args = cuda_config(
+        output_dir, num_train_epochs=1, logging_steps=1, sb_selection_precision=selection, **{training: True}
+    )
+    trainer = SelectiveBackpropTrainer(model=model, args=args, train_dataset=make_dataset(64))
+    trainer.train()
+    assert model.eval_dtypes == {expected}
+    logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert logged and all(torch.isfinite(torch.tensor(logged)))
+
+
+def _final(trainer) -> dict:
+    return {
+        "weights": {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()},
+        "step": trainer.state.global_step,
+        "store": trainer.engine.store.state_dict(),
+        "queue": trainer.engine.queue.state_dict(),
+        "generator": trainer.engine.generator.get_state(),
+        "augmentation": trainer.train_dataset.transform.generator.get_state(),
+    }
+
+
+def test_resume_on_cuda_continues_bit_for_bit(output_dir):
+    # Dropout draws from the CUDA generator: a resumed run matches only if the checkpoint restores it.
+    settings = dict(
+        sb_strategy="sb", sb_beta=1.0, sb_staleness=2, per_device_train_batch_size=4, gradient_accumulation_steps=2,
+        sb_selection_batch_size=6, num_train_epochs=3, save_strategy="steps", save_steps=1, full_determinism=True,
+    )
+    # full_determinism sets process-wide switches (deterministic algorithms, cuDNN, environment): undone below.
+    environment = dict(os.environ)
+    try:
+        reference = SelectiveBackpropTrainer(
+            model=TinyConv(), args=cuda_config(output_dir, **settings), train_dataset=make_image_dataset(96)
+        )
+        reference.train()
+        expected = _final(reference)
+        checkpoints = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+        middle = checkpoints[len(checkpoints) // 2]
+        assert "cuda" in torch.load(middle / "rng_state.pth", weights_only=False)
+        resumed = SelectiveBackpropTrainer(
+            model=TinyConv(), args=cuda_config(output_dir + "-resumed", **settings),
+            train_dataset=make_image_dataset(96),
+        )
+        resumed.train(resume_from_checkpoint=str(middle))
+        got = _final(resumed)
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False
+        os.environ.clear()
+        os.environ.update(environment)
+    assert got["step"] == expected["step"]
+    for name, value in expected["weights"].items():
+        assert torch.equal(got["weights"][name], value), name
+    assert torch.equal(got["store"]["losses"].nan_to_num(-1), expected["store"]["losses"].nan_to_num(-1))
+    assert got["queue"]["rows"].keys() == expected["queue"]["rows"].keys()
+    for name, rows in expected["queue"]["rows"].items():
+        assert torch.equal(got["queue"]["rows"][name], rows), name
+    assert torch.equal(got["generator"], expected["generator"])
+    assert torch.equal(got["augmentation"], expected["augmentation"])
+    assert get_last_checkpoint(output_dir + "-resumed") is not None
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_two_processes_stay_in_lockstep_under_nccl(tmp_path):
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+        str(ROOT / "tests" / "dist_worker.py"), "--out", str(tmp_path), "--device", "cuda", "--loss", "uneven",
+        "--staleness", "2", "--epochs", "3",
+    ]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    assert "backend=nccl" in result.stdout
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
+    # Rank 1's losses are shifted up, so it keeps more, yet both ranks stepped together.
+    assert ranks[1]["stats"]["kept"] > ranks[0]["stats"]["kept"]
+    for name, value in ranks[0]["weights"].items():
+        assert torch.equal(value, ranks[1]["weights"][name]), name
+    assert torch.equal(ranks[0]["store"]["losses"].nan_to_num(-1), ranks[1]["store"]["losses"].nan_to_num(-1))

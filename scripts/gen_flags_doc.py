@@ -63,8 +63,13 @@ def _default(field: dataclasses.Field) -> str:
 
 
 def _type(field: dataclasses.Field) -> str:
-    # `from __future__ import annotations` keeps the annotation as written ("float | None").
-    return f"`{field.type if isinstance(field.type, str) else field.type.__name__}`"
+    # The annotation as the class declares it ("float | None", kept a string by `from __future__ import
+    # annotations`), not `field.type`: HfArgumentParser rewrites that in place (it strips Optional).
+    for cls in SelectiveBackpropConfig.__mro__:
+        declared = vars(cls).get("__annotations__", {}).get(field.name)
+        if declared is not None:
+            return f"`{declared if isinstance(declared, str) else declared.__name__}`"
+    raise LookupError(f"no class of SelectiveBackpropConfig declares {field.name}")
 
 
 def render() -> str:

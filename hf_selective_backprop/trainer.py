@@ -201,6 +201,8 @@ class SelectiveBackpropTrainer(Trainer):
         if self.selector is None:
             return super().get_batch_samples(epoch_iterator, num_batches, device)
         engine = self.engine
+        if engine.saved_model_buffers is not None:
+            checkpointing.restore_model_buffers(engine, self.accelerator.unwrap_model(self.model_wrapped))
         selecting = engine.selection_on(self.state.global_step, self.training_progress(), self.state.max_steps)
         model = self._selection_model()
         while not engine.ready():
@@ -316,7 +318,7 @@ class SelectiveBackpropTrainer(Trainer):
             # complete checkpoint and a kill mid-save never leaves only incomplete ones (docs/reliability.md).
             folder = os.path.join(self._get_output_dir(trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
-            checkpointing.save(self.engine, folder, self.args.should_save)
+            checkpointing.save(self.engine, folder, self.args.should_save, self.accelerator.unwrap_model(model))
             if self.accelerator.num_processes > 1:
                 self.accelerator.wait_for_everyone()
             super()._save_checkpoint(model, trial)

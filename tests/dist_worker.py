@@ -15,6 +15,9 @@ Loss modes (``--loss``), all through ``per_example_loss_func``:
 
 ``--augment`` collates batches through `AugmentingCollator`, which draws random crops and flips
 from a generator of its own on each rank (a resumed run must restore it to continue exactly).
+``--images`` trains a small conv net with BatchNorm and dropout (`tiny.TinyConv`) on tiny images that
+the dataset itself augments, as ``scripts/train.py`` serves CIFAR (`tiny.make_image_dataset`), with
+the cross-entropy of its logits: selection then depends on each rank's BatchNorm statistics.
 ``--text`` trains a tiny BERT classifier instead, on tokenized sentences of 3 to 32 tokens padded
 by `DataCollatorWithPadding`, with the model's own loss (``--loss`` is ignored).
 """
@@ -38,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import user_strategy  # noqa: E402,F401  (registers --sb_strategy easiest, defined outside the package)
 from text_tiny import NEGATIVE, POSITIVE, bert_config, word_tokenizer  # noqa: E402
+from tiny import TinyConv, make_image_dataset  # noqa: E402
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer  # noqa: E402
 from hf_selective_backprop.data import BatchTransform  # noqa: E402
@@ -198,6 +202,7 @@ def main() -> None:
     parser.add_argument("--resume", default=None)
     parser.add_argument("--augment", action="store_true")
     parser.add_argument("--text", action="store_true", help="a tiny BERT on padded sentences of varying length")
+    parser.add_argument("--images", action="store_true", help="a conv net with BatchNorm on augmented tiny images")
     args = parser.parse_args()
 
     rank = int(os.environ.get("RANK", "0"))
@@ -228,6 +233,9 @@ def main() -> None:
         config_of_model = bert_config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
         model = BertForSequenceClassification(config_of_model)
         collator, loss_func = DataCollatorWithPadding(tokenizer), None
+    elif args.images:
+        model, dataset = TinyConv(batch_norm=True), make_image_dataset(args.examples)
+        collator, loss_func = None, make_loss_func(args.loss, rank)
     else:
         model = TinyMLP()
         dataset = make_dataset(args.examples, encode_ids=args.loss == "id")
@@ -266,7 +274,9 @@ def main() -> None:
         "warnings": [str(w.message) for w in caught],
         "augmentation": collator.transform.generator.get_state() if args.augment else None,
     }
-    if not args.text:
+    if args.images:
+        result["augmentation"] = dataset.transform.generator.get_state()
+    if not (args.text or args.images):
         result["weighted_loss"] = weighted_loss_check(trainer, dataset, rank)  # after the store is copied
     os.makedirs(args.out, exist_ok=True)
     torch.save(result, os.path.join(args.out, f"rank{rank}.pt"))

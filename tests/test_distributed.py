@@ -21,6 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dist_worker import id_loss  # noqa: E402
 
+from hf_selective_backprop.accounting import COUNTERS  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist_worker.py"
 ACCELERATE_CONFIG = ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"
@@ -312,3 +314,29 @@ def test_text_rows_of_different_lengths_keep_two_processes_in_lockstep(tmp_path)
     assert stats["selection_forwards"] == 2 * EXAMPLES
     assert 0 < stats["backwards"] <= stats["kept"] < 2 * EXAMPLES
     assert {r["sb_stats"]["backwards"] for r in ranks} == {stats["backwards"]}
+
+
+# ---- resume of an augmented run with BatchNorm ---------------------------------------------
+
+# As `scripts/train.py` trains CIFAR, in small: a conv net with BatchNorm and dropout, images the
+# dataset augments, Stale-SB n=2 with the cross-entropy of the logits (selection depends on the
+# model). Checkpoint 3 falls in the scored epoch 0, where each rank's selection forwards use its own
+# BatchNorm statistics; DDP makes them equal again only at the next training forward.
+IMAGES = ["--images", "--loss", "ce", "--staleness", "2", "--epochs", "3", "--examples", "128", "--batch", "4",
+          "--keep", "0.5", "--save-steps", "3"]  # fmt: skip
+
+
+def test_augmented_stale_sb_with_batch_norm_resumes_exactly_in_two_processes(tmp_path):
+    finished = _launch(tmp_path / "finished", IMAGES)
+    checkpoint = tmp_path / "finished" / "trainer" / "checkpoint-3"
+    assert torch.load(checkpoint / "sb_state.pt", weights_only=False)["epoch"] == 0
+    resumed = _launch(tmp_path / "resumed", IMAGES + ["--resume", str(checkpoint)])
+    # The ranks' BatchNorm statistics differ (so the per-rank buffers are what the test is about).
+    assert not torch.equal(finished[0]["weights"]["net.1.running_mean"], finished[1]["weights"]["net.1.running_mean"])
+    for a, b in zip(finished, resumed, strict=True):
+        assert a["global_step"] == b["global_step"] > 3
+        assert _same_weights(a["weights"], b["weights"])
+        assert torch.equal(a["augmentation"], b["augmentation"])
+        assert {k: a["stats"][k] for k in COUNTERS} == {k: b["stats"][k] for k in COUNTERS}
+        assert a["queue"] == b["queue"] and torch.equal(a["history"], b["history"])
+    assert _stats_json(tmp_path / "finished")["backwards"] == _stats_json(tmp_path / "resumed")["backwards"]

@@ -62,6 +62,7 @@ class SelectionEngine:
         self.dataloader = None
         self.data_state = DataState({})
         self.run: dict | None = None  # what the run is (run_record.describe): saved with checkpoints
+        self.saved_model_buffers: dict | None = None  # this process's, from the resumed checkpoint (checkpointing)
         self.plan: EpochPlan | None = None
         self.epoch = 0
         self.consumed = 0  # selection batches of the epoch read by this process (skipped ones included)

@@ -172,7 +172,14 @@ class SelectionEngine:
     def _broadcast(self, plan: EpochPlan | None) -> EpochPlan | None:
         if self.accelerator.num_processes == 1:
             return plan
-        return distributed.broadcast_object(self.accelerator, plan)
+        # The main process made the plan alone, and a stale epoch's plan runs the strategy's rule (and
+        # its loss history) over every stored loss: with a global history, every rank continues from there.
+        shared = self.args.sb_history_scope == "global"
+        state = self.selector.state_dict() if shared and self.accelerator.is_main_process else None
+        plan, state = distributed.broadcast_object(self.accelerator, (plan, state))
+        if state is not None and not self.accelerator.is_main_process:
+            self.selector.load_state_dict(state)
+        return plan
 
     def end_epoch(self) -> None:
         self._fail_if_every_loss_was_nonfinite()
@@ -270,9 +277,14 @@ class SelectionEngine:
             decided = self.plan.is_decided(batch[self.index_column].cpu())
             if bool(decided.any()):
                 self._push(self._planned_rows(batch, decided))  # counted as seen when planned
-                if bool(decided.all()):
-                    return
-                batch = _rows(batch, (~decided).nonzero().squeeze(1))
+            done = bool(decided.all())
+            if bool(self.plan.scored.any()):
+                # Scoring rows without a finite stored loss runs collectives, and ranks read different
+                # numbers of them: a rank with none joins them with no rows, unless no rank has any.
+                done = distributed.all_true(self.accelerator, done)
+            if done:
+                return
+            batch = _rows(batch, (~decided).nonzero().squeeze(1).to(_batch_device(batch)))
         self.stats.examples_seen += _batch_length(batch)
         if selecting:
             self._select(batch, model)
@@ -338,8 +350,11 @@ class SelectionEngine:
 
     def _score(self, batch: dict, ids: torch.Tensor | None, model: torch.nn.Module) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k != self.index_column}
-        with self.stats.timer("selection_forward_seconds"):
-            losses = self.scorer(model, inputs)
+        if _batch_length(batch) == 0:  # another rank scores rows: this one joins the store's collective
+            losses = torch.zeros(0)
+        else:
+            with self.stats.timer("selection_forward_seconds"):
+                losses = self.scorer(model, inputs)
         self.stats.selection_forwards += _batch_length(batch)
         if self.records_training_losses:
             self.observe(ids, losses)

@@ -14,11 +14,11 @@ import time
 from functools import partial
 
 import torch
-from transformers import Trainer
+from transformers import DefaultFlowCallback, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
 from . import distributed
-from .accounting import STATS_FILE, full_pass_summary, run_summary, write_stats
+from .accounting import STATS_FILE, TIMINGS, run_summary, write_stats
 from .checkpoints import require_complete_checkpoint
 from .config import SelectiveBackpropConfig
 from .engine import SelectionEngine, checkpointing, run_record
@@ -72,7 +72,9 @@ class SelectiveBackpropTrainer(Trainer):
             if isinstance(self.train_dataset, torch.utils.data.IterableDataset) and self.args.sb_staleness > 1:
                 raise ValueError("--sb_staleness > 1 needs a map-style dataset: an IterableDataset has no stable ids")
             self.train_dataset = with_index_column(self.train_dataset, self.args.sb_index_column)
-        self.add_callback(SelectionFlowCallback(self))
+        # In the default flow's place: an epoch-based run ends when its data does (engine/callback.py).
+        self.remove_callback(DefaultFlowCallback)
+        self.callback_handler.callbacks.insert(0, SelectionFlowCallback(self))
         self.engine = self._build_engine()
 
     def _build_engine(self) -> SelectionEngine:
@@ -278,7 +280,9 @@ class SelectiveBackpropTrainer(Trainer):
 
     def log(self, logs, start_time=None):
         if self.selector is not None and ("loss" in logs or "train_runtime" in logs):
-            summary = self.selection_summary()
+            # Counters only: wall-clock figures differ between a resumed and an uninterrupted run, so
+            # they are in train()'s metrics and sb_stats.json, not in the log history.
+            summary = {k: v for k, v in self.selection_summary().items() if k not in TIMINGS}
             logs = {**logs, **{f"sb/{k}": v for k, v in summary.items()}}
         super().log(logs, start_time)
 
@@ -290,12 +294,10 @@ class SelectiveBackpropTrainer(Trainer):
             resume_from_checkpoint = require_complete_checkpoint(self.args.output_dir)
         output = super().train(resume_from_checkpoint, *args, **kwargs)
         if self.selector is not None:
+            # Without selection the output folder and metrics are the Trainer's own (cards.training_costs
+            # gives such a run's counters).
             self.sb_stats = {**self.selection_summary(), "strategy": self.args.sb_strategy}
             self.sb_stats["expected_steps"] = self._expected_steps
-        elif has_length(self.train_dataset):  # Traditional reports the same counters, for comparisons
-            state, runtime = self.state, output.metrics["train_runtime"]
-            self.sb_stats = full_pass_summary(state.global_step, state.epoch or 0.0, len(self.train_dataset), runtime)
-        if getattr(self, "sb_stats", None) is not None:
             output.metrics.update({f"sb/{k}": v for k, v in self.sb_stats.items()})
             if self.args.should_save:
                 write_stats(self.sb_stats, os.path.join(self.args.output_dir, STATS_FILE))
@@ -325,6 +327,6 @@ class SelectiveBackpropTrainer(Trainer):
 
 
 def _lambda_at_progress(fn, trainer: SelectiveBackpropTrainer, total_steps: int, step: int) -> float:
-    if not trainer.engine.epoch_based:
-        return fn(step)
+    if not (trainer.is_in_train and trainer.engine.epoch_based):
+        return fn(step)  # a step-based run, or a scheduler stepped by hand outside training
     return fn(round(trainer.training_progress() * total_steps))

@@ -362,7 +362,7 @@ def _read_ids(rank: dict, epoch: int) -> list[set[int]]:
 def _assert_lockstep(ranks: list[dict], unscored: set[int]) -> None:
     # The scenario: in some selection batch of the planned epoch, exactly one rank reads an unscored row.
     batches = [_read_ids(r, 1) for r in ranks]
-    assert any(bool(a & unscored) != bool(b & unscored) for a, b in zip(*batches)), batches
+    assert any(bool(a & unscored) != bool(b & unscored) for a, b in zip(*batches, strict=True)), batches
     assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
     assert _same_weights(ranks[0]["weights"], ranks[1]["weights"])
     # Every rank joined every gather: one store, one global history.

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from transformers import TrainerCallback, set_seed
 
+from ..cards import training_costs
 from ..config import SelectiveBackpropConfig
 from ..metrics import compute_metrics
 from ..trainer import SelectiveBackpropTrainer
@@ -304,7 +305,7 @@ def run_strategy(
     if not trainer.evals or trainer.evals[-1]["epoch"] < float(trainer.state.epoch or 0.0) - 1e-6:
         trainer.evaluate()
     train_wall, train_cpu = trainer.evals[-1]["train_wall_seconds"], trainer.evals[-1]["train_cpu_seconds"]
-    stats = dict(trainer.sb_stats)
+    stats = training_costs(trainer)
     if stats["strategy"] == "none":  # the data time the trainer's own counters keep for selective runs
         stats.update(data_seconds=trainer.timings["batch_seconds"], selection_forward_seconds=0.0,
                      selection_overhead_seconds=0.0)

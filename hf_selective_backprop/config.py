@@ -239,6 +239,9 @@ class SelectiveBackpropConfig(TrainingArguments):
                 f"--sb_strategy infobatch prunes and anneals by epochs, so it needs an epoch-based run: use "
                 f"--num_train_epochs instead of --max_steps {self.max_steps}"
             )
+        if self.sb_strategy != "none" and self.max_steps <= 0 and not self.num_train_epochs > 0:
+            # Zero epochs would train nothing, then save the untrained model (and its card) as the run's.
+            fail("num_train_epochs", "> 0 (or set --max_steps) for a run with selection", self.num_train_epochs)
         if self.sb_history_scope not in HISTORY_SCOPES:
             fail("sb_history_scope", f"one of {', '.join(HISTORY_SCOPES)}", self.sb_history_scope)
         if self.sb_strategy != "none" and self.train_sampling_strategy in ("group_by_length", "batch_rebalance"):

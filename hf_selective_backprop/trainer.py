@@ -208,6 +208,9 @@ class SelectiveBackpropTrainer(Trainer):
         selecting = engine.selection_on(self.state.global_step, self.training_progress(), self.state.max_steps)
         model = self._selection_model()
         while not engine.ready():
+            if engine.read_all_asked():  # not one selection batch more than the fraction
+                self.control.should_training_stop = True
+                return [], None
             batch = engine.read(epoch_iterator)
             if not distributed.all_true(self.accelerator, batch is not None):
                 engine.end_epoch()

@@ -215,3 +215,12 @@ def test_traditional_reports_the_same_counters(output_dir):
     assert stats["optimizer_steps"] == trainer.state.global_step == 2 * 256 // 8
     # Computed from the Trainer's own state: like transformers' Trainer, the run writes no file of its own.
     assert not os.path.exists(os.path.join(output_dir, "sb_stats.json"))
+
+
+@pytest.mark.parametrize("epochs", [0.5, 1.5])
+def test_a_fractional_epoch_count_reads_exactly_that_share_of_the_data(output_dir, epochs):
+    # 128 examples in selection batches of 8: half an epoch is 8 batches, and no ninth is read
+    # for a step that the fraction's rows could not fill.
+    trainer = train(output_dir, dataset=make_dataset(128), num_train_epochs=epochs)
+    assert trainer.sb_stats["examples_seen"] == trainer.sb_stats["examples_loaded"] == epochs * 128
+    assert trainer.state.epoch == epochs

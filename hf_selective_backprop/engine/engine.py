@@ -207,6 +207,12 @@ class SelectionEngine:
             "weights, a too-high learning rate, or broken inputs/labels)."
         )
 
+    def read_all_asked(self) -> bool:
+        """True once an epoch-based run has read the share of its last epoch that a fractional
+        num_train_epochs asks for (a whole last epoch ends by running out of data instead)."""
+        unfinished = self.consumed < self.batches_in_epoch
+        return self.epoch_based and unfinished and self.epochs_read() >= self.args.num_train_epochs
+
     def epochs_read(self) -> float:
         return self.epoch + self.consumed / self.batches_in_epoch
 

@@ -40,6 +40,15 @@ class TrainingPlan:
             raise ValueError("the training dataset is empty")
         active = (args.sb_end - args.sb_start) * (1.0 - 1.0 / args.sb_interrupt if args.sb_interrupt else 1.0)
         rows_per_epoch = min(len(dataloader) * selection_batch_size, math.ceil(num_examples / num_processes))
+        if len(dataloader) == 1 and args.max_steps <= 0 and rows_per_epoch > rows_per_step:
+            # The run ends when its data is read: the last epoch's one batch would make a single step and
+            # leave the rest of what it kept untrained.
+            raise ValueError(
+                f"--sb_selection_batch_size {selection_batch_size} reads a whole epoch ({rows_per_epoch} examples "
+                "per process) in one selection batch, and an epoch-based run ends when its data is read, so most "
+                "rows the last one keeps would never be trained: use --sb_selection_batch_size of at most "
+                f"{max(rows_per_epoch // 2, 1)}, or --max_steps"
+            )
         plan = cls(rows_per_epoch, len(dataloader), selection_batch_size, rows_per_step, keep, active,
                    args.sb_warmup_epochs)
         kept_per_epoch = rows_per_epoch * plan.expected_keep()

@@ -224,3 +224,22 @@ def test_a_fractional_epoch_count_reads_exactly_that_share_of_the_data(output_di
     trainer = train(output_dir, dataset=make_dataset(128), num_train_epochs=epochs)
     assert trainer.sb_stats["examples_seen"] == trainer.sb_stats["examples_loaded"] == epochs * 128
     assert trainer.state.epoch == epochs
+
+
+@pytest.mark.parametrize("selection_batch", [64, 100])
+def test_a_selection_batch_holding_the_whole_epoch_is_refused_before_training(output_dir, selection_batch):
+    # It used to make one step of its last epoch and leave the rest of the kept rows untrained (8 of 32).
+    trainer = RecordingTrainer(
+        model=TinyClassifier(), args=make_config(output_dir, num_train_epochs=1, sb_keep=0.5,
+                                                 sb_selection_batch_size=selection_batch),
+        train_dataset=make_dataset(64),
+    )
+    with pytest.raises(ValueError, match=rf"--sb_selection_batch_size {selection_batch} reads a whole epoch \(64 "
+                                         r"examples per process\).*at most 32, or --max_steps"):
+        trainer.train()
+    assert not hasattr(trainer, "micro_batches")  # refused before any step
+
+
+def test_a_selection_batch_holding_the_whole_epoch_trains_with_max_steps(output_dir):
+    trainer = train(output_dir, dataset=make_dataset(64), max_steps=6, sb_keep=0.5, sb_selection_batch_size=64)
+    assert trainer.state.global_step == 6

@@ -34,6 +34,8 @@ TIMERS = (
     "save_seconds",
     "reference_seconds",
 )
+#: Summary figures that are wall-clock times (or shares of them): they differ from run to run.
+TIMINGS = (*TIMERS, "train_seconds", "training_seconds", "selection_overhead_share")
 
 
 @dataclass

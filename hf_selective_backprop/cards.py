@@ -14,7 +14,9 @@ from importlib.resources import files
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from transformers.trainer_utils import has_length
 
+from .accounting import full_pass_summary
 from .data.specs import KNOWN_DATASETS
 
 TEMPLATE_PATH = Path(str(files(__package__).joinpath("templates", "selective_backprop.md")))
@@ -192,9 +194,15 @@ def write_trainer_card(
 
 
 def training_costs(trainer) -> dict:
-    """What the run cost: the trainer's ``sb_stats`` (a run without selection reports its full-pass
-    counters too). Empty before training."""
-    return dict(getattr(trainer, "sb_stats", None) or {})
+    """What the run cost: the trainer's ``sb_stats``, or the full-pass counters of a run without
+    selection (whose trainer, like transformers' Trainer, keeps none). Empty before training."""
+    if getattr(trainer, "sb_stats", None):
+        return dict(trainer.sb_stats)
+    state = trainer.state
+    runtime = next((entry["train_runtime"] for entry in reversed(state.log_history) if "train_runtime" in entry), None)
+    if trainer.args.sb_strategy != "none" or runtime is None or not has_length(trainer.train_dataset):
+        return {}
+    return full_pass_summary(state.global_step, state.epoch or 0.0, len(trainer.train_dataset), runtime)
 
 
 def hub_dataset_id(source: str | os.PathLike | None) -> str | None:

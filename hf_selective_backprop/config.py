@@ -292,6 +292,9 @@ class SelectiveBackpropArguments:
                 f"--num_train_epochs instead of --max_steps {self.max_steps}"
             )
         self._validate_reference()
+        if self.sb_strategy != "none" and self.max_steps <= 0 and not self.num_train_epochs > 0:
+            # Zero epochs would train nothing, then save the untrained model (and its card) as the run's.
+            fail("num_train_epochs", "> 0 (or set --max_steps) for a run with selection", self.num_train_epochs)
         if self.sb_history_scope not in HISTORY_SCOPES:
             fail("sb_history_scope", f"one of {', '.join(HISTORY_SCOPES)}", self.sb_history_scope)
         if self.sb_strategy != "none" and self.train_sampling_strategy in ("group_by_length", "batch_rebalance"):

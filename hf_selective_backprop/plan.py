@@ -53,6 +53,17 @@ class TrainingPlan:
                 f"one optimizer step needs ({batch_size} x {args.gradient_accumulation_steps} gradient "
                 f"accumulation): use a larger dataset, a smaller --per_device_train_batch_size or {keep_flag}"
             )
+        if len(dataloader) == 1 and args.max_steps <= 0 and rows_per_epoch > rows_per_step:
+            # The run ends when its data is read: the last epoch's one batch would make a single step and
+            # leave the rest of what it kept untrained.
+            flag = f"--sb_selection_batch_size {selection_batch_size}"
+            if args.sb_strategy == "kath18" and args.sb_selection_batch_size is None:
+                flag = f"--sb_presample {args.sb_presample_value:g} (a selection batch of {selection_batch_size})"
+            raise ValueError(
+                f"{flag} reads a whole epoch ({rows_per_epoch} examples per process) in one selection batch, and an "
+                "epoch-based run ends when its data is read, so most rows the last one keeps would never be "
+                f"trained: use --sb_selection_batch_size of at most {max(rows_per_epoch // 2, 1)}, or --max_steps"
+            )
         return plan
 
     def expected_keep(self) -> float:

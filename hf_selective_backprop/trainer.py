@@ -17,12 +17,12 @@ from functools import partial
 
 import datasets
 import torch
-from transformers import Trainer
+from transformers import DefaultFlowCallback, Trainer
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
 from . import distributed, reference, rotation
-from .accounting import STATS_FILE, full_pass_summary, run_summary, write_stats
+from .accounting import STATS_FILE, TIMINGS, run_summary, write_stats
 from .checkpoints import require_complete_checkpoint
 from .config import SelectiveBackpropArguments
 from .engine import SelectionEngine, checkpointing, run_record
@@ -95,7 +95,9 @@ class SelectiveBackpropMixin:
         # A loss the user wrote scores the reference too: both sides of the reducible loss must be one kind.
         self._reference_loss_func = per_example_loss_func
         self._reference = self._irreducible_source(reference_model)
-        self.add_callback(SelectionFlowCallback(self))
+        # In the default flow's place: an epoch-based run ends when its data does (engine/callback.py).
+        self.remove_callback(DefaultFlowCallback)
+        self.callback_handler.callbacks.insert(0, SelectionFlowCallback(self))
         self.engine = self._build_engine()
         selector = self.selector
         if per_example_loss_func is None and (
@@ -342,9 +344,14 @@ class SelectiveBackpropMixin:
         if self.selector is None:
             return super().get_batch_samples(epoch_iterator, num_batches, device)
         engine = self.engine
+        if engine.saved_model_buffers is not None:
+            checkpointing.restore_model_buffers(engine, self.accelerator.unwrap_model(self.model_wrapped))
         selecting = engine.selection_on(self.state.global_step, self.training_progress(), self.state.max_steps)
         model = self._selection_model()
         while not engine.ready():
+            if engine.read_all_asked():  # not one selection batch more than the fraction
+                self.control.should_training_stop = True
+                return [], None
             batch = engine.read(epoch_iterator)
             if not distributed.all_true(self.accelerator, batch is not None):
                 engine.end_epoch()
@@ -429,7 +436,9 @@ class SelectiveBackpropMixin:
 
     def log(self, logs, start_time=None):
         if self.selector is not None and ("loss" in logs or "train_runtime" in logs):
-            summary = self.selection_summary()
+            # Counters only: wall-clock figures differ between a resumed and an uninterrupted run, so
+            # they are in train()'s metrics and sb_stats.json, not in the log history.
+            summary = {k: v for k, v in self.selection_summary().items() if k not in TIMINGS}
             logs = {**logs, **{f"sb/{k}": v for k, v in summary.items()}}
         super().log(logs, start_time)
 
@@ -446,12 +455,10 @@ class SelectiveBackpropMixin:
                 self.args.save_total_limit = self._hidden_save_total_limit
                 del self._hidden_save_total_limit
         if self.selector is not None:
+            # Without selection the output folder and metrics are the Trainer's own (cards.training_costs
+            # gives such a run's counters).
             self.sb_stats = {**self.selection_summary(), "strategy": self.args.sb_strategy}
             self.sb_stats["expected_steps"] = self._expected_steps
-        elif has_length(self.train_dataset):  # Traditional reports the same counters, for comparisons
-            state, runtime = self.state, output.metrics["train_runtime"]
-            self.sb_stats = full_pass_summary(state.global_step, state.epoch or 0.0, len(self.train_dataset), runtime)
-        if getattr(self, "sb_stats", None) is not None:
             output.metrics.update({f"sb/{k}": v for k, v in self.sb_stats.items()})
             if self.args.should_save:
                 write_stats(self.sb_stats, os.path.join(self.args.output_dir, STATS_FILE))
@@ -498,7 +505,7 @@ class SelectiveBackpropMixin:
             # complete checkpoint and a kill mid-save never leaves only incomplete ones (docs/reliability.md).
             folder = os.path.join(self._get_output_dir(trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
-            checkpointing.save(self.engine, folder, self.args.should_save)
+            checkpointing.save(self.engine, folder, self.args.should_save, self.accelerator.unwrap_model(model))
             if self.accelerator.num_processes > 1:
                 self.accelerator.wait_for_everyone()
             super()._save_checkpoint(model, trial)
@@ -510,11 +517,13 @@ class SelectiveBackpropTrainer(SelectiveBackpropMixin, Trainer):
     Args:
         per_example_loss_func: ``(outputs, labels) -> losses`` of shape (batch,), needed when
             the model's loss is not single-label cross-entropy (and with ``compute_loss_func``).
+        reference_model: for ``sb_strategy="rholoss"``, a model trained on held-out data (or
+            ``--sb_reference_model``, its folder).
         Every other argument is `transformers.Trainer`'s.
     """
 
 
 def _lambda_at_progress(fn, trainer: SelectiveBackpropMixin, total_steps: int, step: int) -> float:
-    if not trainer.engine.epoch_based:
-        return fn(step)
+    if not (trainer.is_in_train and trainer.engine.epoch_based):
+        return fn(step)  # a step-based run, or a scheduler stepped by hand outside training
     return fn(round(trainer.training_progress() * total_steps))

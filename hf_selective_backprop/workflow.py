@@ -14,6 +14,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
+from .accounting import STATS_FILE, write_stats
 from .cards import hub_dataset_id, training_costs
 from .checkpoints import STATE_FILE, last_complete_checkpoint
 from .config import SelectiveBackpropConfig
@@ -233,6 +234,8 @@ def train_image_classifier(
     card = {"dataset": data.dataset_id, "eval_split": data_args.eval_split or "test"}
     if trainer.args.should_save:
         trainer.create_model_card(**card)
+        if config.sb_strategy == "none":  # the trainer writes it for selective runs; comparisons read it for all
+            write_stats(stats, os.path.join(config.output_dir, STATS_FILE))
         if len(data.train.noisy_indices):
             data.train.noisy_indices.numpy().tofile(os.path.join(config.output_dir, "noisy_indices.int64"))
         if data.holdout_ids is not None:

@@ -11,6 +11,7 @@ Every flag: --help.
 """
 
 import math
+import os
 
 from accelerate import PartialState
 from transformers import (
@@ -22,6 +23,7 @@ from transformers import (
 )
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
+from hf_selective_backprop.accounting import STATS_FILE, write_stats
 from hf_selective_backprop.cards import hub_dataset_id, training_costs
 from hf_selective_backprop.data.text import (
     TextDataArguments,
@@ -115,6 +117,8 @@ def main() -> None:
     card = {"dataset": data_args.dataset, "eval_split": data_args.eval_split, "tasks": PIPELINE_TAGS[data_args.task]}
     if config.should_save:
         trainer.create_model_card(**card)
+        if config.sb_strategy == "none":  # the trainer writes it for selective runs; comparisons read it for all
+            write_stats(stats, os.path.join(config.output_dir, STATS_FILE))
     if config.push_to_hub:
         name = hub_dataset_id(data_args.dataset) or data.dataset_id
         trainer.push_to_hub(commit_message=f"{config.sb_strategy} on {name}", **card)

@@ -12,9 +12,14 @@ Loss modes (``--loss``), all through ``per_example_loss_func``:
 - ``id``: labels encode the example id (``label = id * CLASSES + class``) and the per-example
   loss is a known function of the id, ``id_loss(id)``: a stored loss can be checked against
   the example it is stored for.
+- ``id-nan``: as ``id``, but NaN for the ids in ``NAN_IDS``: those are never kept nor stored, so a
+  Stale-SB epoch scores them again, on whichever rank reads them.
 
 ``--augment`` collates batches through `AugmentingCollator`, which draws random crops and flips
 from a generator of its own on each rank (a resumed run must restore it to continue exactly).
+``--images`` trains a small conv net with BatchNorm and dropout (`tiny.TinyConv`) on tiny images that
+the dataset itself augments, as ``scripts/train.py`` serves CIFAR (`tiny.make_image_dataset`), with
+the cross-entropy of its logits: selection then depends on each rank's BatchNorm statistics.
 ``--text`` trains a tiny BERT classifier instead, on tokenized sentences of 3 to 32 tokens padded
 by `DataCollatorWithPadding`, with the model's own loss (``--loss`` is ignored).
 """
@@ -38,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import user_strategy  # noqa: E402,F401  (registers --sb_strategy easiest, defined outside the package)
 from text_tiny import NEGATIVE, POSITIVE, bert_config, word_tokenizer  # noqa: E402
+from tiny import TinyConv, make_image_dataset  # noqa: E402
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer  # noqa: E402
 from hf_selective_backprop.data import BatchTransform  # noqa: E402
@@ -46,6 +52,7 @@ from hf_selective_backprop.trainer import WEIGHT_KEY  # noqa: E402
 
 CLASSES = 4
 FEATURES = 8
+NAN_IDS = (5, 77)
 
 
 def id_loss(ids: torch.Tensor) -> torch.Tensor:
@@ -114,8 +121,12 @@ class AugmentingCollator:
 
 def make_loss_func(mode: str, rank: int):
     def per_example_loss(outputs, labels):
-        if mode == "id":
-            return id_loss(torch.div(labels, CLASSES, rounding_mode="floor")).to(labels.device)
+        if mode in ("id", "id-nan"):
+            ids = torch.div(labels, CLASSES, rounding_mode="floor")
+            losses = id_loss(ids)
+            if mode == "id-nan":
+                losses[torch.isin(ids, torch.tensor(NAN_IDS, device=ids.device))] = float("nan")
+            return losses.to(labels.device)
         losses = F.cross_entropy(outputs["logits"].float(), labels % CLASSES, reduction="none")
         if mode == "uneven" and rank == 1:
             losses = losses + 100.0
@@ -191,7 +202,7 @@ def weighted_loss_check(trainer, dataset, rank: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True, help="folder for rank{rank}.pt and the Trainer's output_dir")
-    parser.add_argument("--loss", choices=["ce", "uneven", "id"], default="ce")
+    parser.add_argument("--loss", choices=["ce", "uneven", "id", "id-nan"], default="ce")
     parser.add_argument("--examples", type=int, default=256)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--grad-accum", type=int, default=1)
@@ -202,11 +213,13 @@ def main() -> None:
     parser.add_argument("--scope", choices=["global", "local"], default="global")
     parser.add_argument("--staleness", type=int, default=1)
     parser.add_argument("--save-steps", type=int, default=0)
+    parser.add_argument("--drop-last", action="store_true", help="dataloader_drop_last")
     parser.add_argument("--resume", default=None)
     parser.add_argument("--augment", action="store_true")
     parser.add_argument("--text", action="store_true", help="a tiny BERT on padded sentences of varying length")
     parser.add_argument("--reference", action="store_true", help="'rholoss': a second TinyMLP as reference model")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: one GPU per process (NCCL)")
+    parser.add_argument("--images", action="store_true", help="a conv net with BatchNorm on augmented tiny images")
     args = parser.parse_args()
 
     rank = int(os.environ.get("RANK", "0"))
@@ -225,6 +238,7 @@ def main() -> None:
         report_to="none",
         disable_tqdm=True,
         dataloader_num_workers=0,
+        dataloader_drop_last=args.drop_last,
         sb_strategy=args.strategy,
         sb_keep=args.keep,
         sb_history_size=args.history,
@@ -237,9 +251,12 @@ def main() -> None:
         config_of_model = bert_config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
         model = BertForSequenceClassification(config_of_model)
         collator, loss_func = DataCollatorWithPadding(tokenizer), None
+    elif args.images:
+        model, dataset = TinyConv(batch_norm=True), make_image_dataset(args.examples)
+        collator, loss_func = None, make_loss_func(args.loss, rank)
     else:
         model = TinyMLP()
-        dataset = make_dataset(args.examples, encode_ids=args.loss == "id")
+        dataset = make_dataset(args.examples, encode_ids=args.loss.startswith("id"))
         collator = AugmentingCollator(seed=rank) if args.augment else None
         loss_func = make_loss_func(args.loss, rank)
     trainer = RecordingTrainer(
@@ -277,7 +294,9 @@ def main() -> None:
         "augmentation": collator.transform.generator.get_state() if args.augment else None,
         "irreducible": trainer.engine.irreducible.losses if args.reference else None,
     }
-    if not args.text:
+    if args.images:
+        result["augmentation"] = dataset.transform.generator.get_state()
+    if not (args.text or args.images):
         result["weighted_loss"] = weighted_loss_check(trainer, dataset, rank)  # after the store is copied
     os.makedirs(args.out, exist_ok=True)
     torch.save(result, os.path.join(args.out, f"rank{rank}.pt"))

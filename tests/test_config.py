@@ -56,6 +56,10 @@ def make(**overrides):
         ("per_device_eval_batch_size", 0),
         ("gradient_accumulation_steps", 0),
         ("gradient_accumulation_steps", -1),
+        # Zero epochs used to train nothing and save the untrained model (and card) as the run's.
+        ("num_train_epochs", 0.0),
+        ("num_train_epochs", -1.0),
+        ("num_train_epochs", math.nan),
     ],
 )
 def test_invalid_flag_names_itself_and_the_allowed_values(flag, value):
@@ -108,6 +112,8 @@ def test_every_sb_flag_has_help_and_parses_from_the_command_line():
         (["--sb_keep", "nan"], "--sb_keep must be in (0, 1], got nan"),
         (["--per_device_train_batch_size", "0"], "--per_device_train_batch_size must be an integer >= 1, got 0"),
         (["--gradient_accumulation_steps", "0"], "--gradient_accumulation_steps must be an integer >= 1, got 0"),
+        (["--num_train_epochs", "0"],
+         "--num_train_epochs must be > 0 (or set --max_steps) for a run with selection, got 0.0"),
     ],
 )
 def test_command_line_values_are_refused_when_the_config_is_built(argv, message):
@@ -125,3 +131,8 @@ def test_numpy_integers_are_counts_too():
 def test_large_finite_values_are_accepted():
     assert make(sb_beta=1e6).sb_keep_fraction == pytest.approx(1e-6)
     assert make(sb_strategy="kath18", sb_presample=1e6).sb_presample_value == 1e6
+
+
+def test_zero_epochs_are_accepted_with_max_steps_or_without_selection():
+    assert make(num_train_epochs=0, max_steps=5).max_steps == 5  # max_steps sets the run's length
+    assert make(num_train_epochs=0, sb_strategy="none").num_train_epochs == 0  # as TrainingArguments

@@ -19,7 +19,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from dist_worker import id_loss  # noqa: E402
+from dist_worker import NAN_IDS, id_loss  # noqa: E402
+
+from hf_selective_backprop.accounting import COUNTERS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist_worker.py"
@@ -62,8 +64,13 @@ def _launch(out: Path, args: list[str], launcher: str = "torchrun") -> list[dict
     try:
         output, _ = process.communicate(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
+        # torchrun starts each worker in a session of its own: SIGTERM lets it stop them before it exits.
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            output, _ = process.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            output, _ = process.communicate()
         pytest.fail(f"{' '.join(cmd)} did not finish in {TIMEOUT} s (hang?):\n{output[-4000:]}")
     if process.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} exited with {process.returncode}:\n{output[-4000:]}")
@@ -312,6 +319,73 @@ def test_text_rows_of_different_lengths_keep_two_processes_in_lockstep(tmp_path)
     assert stats["selection_forwards"] == 2 * EXAMPLES
     assert 0 < stats["backwards"] <= stats["kept"] < 2 * EXAMPLES
     assert {r["sb_stats"]["backwards"] for r in ranks} == {stats["backwards"]}
+
+
+# ---- resume of an augmented run with BatchNorm ---------------------------------------------
+
+# As `scripts/train.py` trains CIFAR, in small: a conv net with BatchNorm and dropout, images the
+# dataset augments, Stale-SB n=2 with the cross-entropy of the logits (selection depends on the
+# model). Checkpoint 3 falls in the scored epoch 0, where each rank's selection forwards use its own
+# BatchNorm statistics; DDP makes them equal again only at the next training forward.
+IMAGES = ["--images", "--loss", "ce", "--staleness", "2", "--epochs", "3", "--examples", "128", "--batch", "4",
+          "--keep", "0.5", "--save-steps", "3"]  # fmt: skip
+
+
+def test_augmented_stale_sb_with_batch_norm_resumes_exactly_in_two_processes(tmp_path):
+    finished = _launch(tmp_path / "finished", IMAGES)
+    checkpoint = tmp_path / "finished" / "trainer" / "checkpoint-3"
+    assert torch.load(checkpoint / "sb_state.pt", weights_only=False)["epoch"] == 0
+    resumed = _launch(tmp_path / "resumed", IMAGES + ["--resume", str(checkpoint)])
+    # The ranks' BatchNorm statistics differ (so the per-rank buffers are what the test is about).
+    assert not torch.equal(finished[0]["weights"]["net.1.running_mean"], finished[1]["weights"]["net.1.running_mean"])
+    for a, b in zip(finished, resumed, strict=True):
+        assert a["global_step"] == b["global_step"] > 3
+        assert _same_weights(a["weights"], b["weights"])
+        assert torch.equal(a["augmentation"], b["augmentation"])
+        assert {k: a["stats"][k] for k in COUNTERS} == {k: b["stats"][k] for k in COUNTERS}
+        assert a["queue"] == b["queue"] and torch.equal(a["history"], b["history"])
+    assert _stats_json(tmp_path / "finished")["backwards"] == _stats_json(tmp_path / "resumed")["backwards"]
+
+
+# ---- lockstep when ranks read different numbers of undecided rows ---------------------------
+
+# Stale-SB n=2, global history: epoch 1 is planned from the losses stored in epoch 0. Rows without a
+# finite stored loss are loaded and scored in epoch 1, which runs collectives (store, history); each
+# falls on one rank, so in some selection batches one rank scores rows and the other has none.
+LOCKSTEP = ["--loss", "id", "--staleness", "2", "--epochs", "2"]
+
+
+def _read_ids(rank: dict, epoch: int) -> list[set[int]]:
+    return [set(ids.tolist()) for e, ids in rank["read"] if e == epoch]
+
+
+def _assert_lockstep(ranks: list[dict], unscored: set[int]) -> None:
+    # The scenario: in some selection batch of the planned epoch, exactly one rank reads an unscored row.
+    batches = [_read_ids(r, 1) for r in ranks]
+    assert any(bool(a & unscored) != bool(b & unscored) for a, b in zip(*batches, strict=True)), batches
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
+    assert _same_weights(ranks[0]["weights"], ranks[1]["weights"])
+    # Every rank joined every gather: one store, one global history.
+    assert _same_nan(ranks[0]["store"]["losses"], ranks[1]["store"]["losses"])
+    assert torch.equal(ranks[0]["history"], ranks[1]["history"])
+
+
+def test_rows_dropped_by_drop_last_are_scored_later_in_lockstep(tmp_path):
+    # 258 rows, 2 ranks x 8: epoch 0 drops 2 rows, never scored, so epoch 1 loads them to score.
+    examples = 258
+    ranks = _launch(tmp_path, LOCKSTEP + ["--drop-last", "--examples", str(examples)])
+    dropped = set(range(examples)) - set().union(*_read_ids(ranks[0], 0), *_read_ids(ranks[1], 0))
+    assert len(dropped) == examples % 16
+    _assert_lockstep(ranks, dropped)
+    assert torch.equal(ranks[0]["store"]["losses"], id_loss(torch.arange(examples)))
+
+
+def test_non_finite_stored_losses_on_one_rank_keep_ranks_in_lockstep(tmp_path):
+    ranks = _launch(tmp_path, LOCKSTEP + ["--loss", "id-nan"])
+    _assert_lockstep(ranks, set(NAN_IDS))
+    expected = id_loss(torch.arange(EXAMPLES))
+    expected[list(NAN_IDS)] = float("nan")
+    assert _same_nan(ranks[0]["store"]["losses"], expected)
 
 
 def test_rholoss_scores_the_reference_once_and_keeps_two_processes_in_lockstep(tmp_path):

@@ -9,6 +9,7 @@ from tiny import TinyClassifier, make_config, make_dataset
 from transformers import Trainer, TrainingArguments
 
 from hf_selective_backprop import SelectiveBackpropTrainer
+from hf_selective_backprop.cards import training_costs
 from hf_selective_backprop.losses import cross_entropy_per_example
 from hf_selective_backprop.scoring import SelectionScorer
 
@@ -208,9 +209,37 @@ def test_resume_reaches_the_same_weights(tmp_path):
 
 def test_traditional_reports_the_same_counters(output_dir):
     trainer = train(output_dir, trainer_cls=SelectiveBackpropTrainer, sb_strategy="none")
-    stats = trainer.sb_stats
+    stats = training_costs(trainer)
     assert stats["strategy"] == "none" and stats["selection_forwards"] == 0
     assert stats["examples_seen"] == stats["backwards"] == 2 * 256
     assert stats["optimizer_steps"] == trainer.state.global_step == 2 * 256 // 8
-    with open(os.path.join(output_dir, "sb_stats.json")) as handle:
-        assert json.load(handle)["backwards"] == 512
+    # Computed from the Trainer's own state: like transformers' Trainer, the run writes no file of its own.
+    assert not os.path.exists(os.path.join(output_dir, "sb_stats.json"))
+
+
+@pytest.mark.parametrize("epochs", [0.5, 1.5])
+def test_a_fractional_epoch_count_reads_exactly_that_share_of_the_data(output_dir, epochs):
+    # 128 examples in selection batches of 8: half an epoch is 8 batches, and no ninth is read
+    # for a step that the fraction's rows could not fill.
+    trainer = train(output_dir, dataset=make_dataset(128), num_train_epochs=epochs)
+    assert trainer.sb_stats["examples_seen"] == trainer.sb_stats["examples_loaded"] == epochs * 128
+    assert trainer.state.epoch == epochs
+
+
+@pytest.mark.parametrize("selection_batch", [64, 100])
+def test_a_selection_batch_holding_the_whole_epoch_is_refused_before_training(output_dir, selection_batch):
+    # It used to make one step of its last epoch and leave the rest of the kept rows untrained (8 of 32).
+    trainer = RecordingTrainer(
+        model=TinyClassifier(), args=make_config(output_dir, num_train_epochs=1, sb_keep=0.5,
+                                                 sb_selection_batch_size=selection_batch),
+        train_dataset=make_dataset(64),
+    )
+    with pytest.raises(ValueError, match=rf"--sb_selection_batch_size {selection_batch} reads a whole epoch \(64 "
+                                         r"examples per process\).*at most 32, or --max_steps"):
+        trainer.train()
+    assert not hasattr(trainer, "micro_batches")  # refused before any step
+
+
+def test_a_selection_batch_holding_the_whole_epoch_trains_with_max_steps(output_dir):
+    trainer = train(output_dir, dataset=make_dataset(64), max_steps=6, sb_keep=0.5, sb_selection_batch_size=64)
+    assert trainer.state.global_step == 6

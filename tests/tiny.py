@@ -59,13 +59,15 @@ def make_image_dataset(n: int, seed: int = 0) -> ImageTensorDataset:
 
 
 class TinyConv(TinyClassifier):
-    """A conv layer, dropout (it draws from the global RNG) and a linear head on (1, 8, 8) images."""
+    """A conv layer, dropout (it draws from the global RNG) and a linear head on (1, 8, 8) images;
+    ``batch_norm`` adds running statistics that each process of a DDP run updates on its own."""
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, batch_norm: bool = False):
         nn.Module.__init__(self)
         torch.manual_seed(seed)
+        norm = nn.BatchNorm2d(4) if batch_norm else nn.Identity()
         self.net = nn.Sequential(
-            nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Dropout(0.25), nn.Linear(256, CLASSES)
+            nn.Conv2d(1, 4, 3, padding=1), norm, nn.ReLU(), nn.Flatten(), nn.Dropout(0.25), nn.Linear(256, CLASSES)
         )
 
 

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from transformers import TrainerCallback, set_seed
 
+from ..cards import training_costs
 from ..config import SelectiveBackpropConfig
 from ..metrics import compute_metrics
 from ..trainer import SelectiveBackpropTrainer
@@ -253,8 +254,9 @@ def _own_augmentation(dataset, seed: int):
 
 
 def _stats(trainer: BenchmarkTrainer) -> dict:
-    """`sb_stats`, with the data and selection timers that a Traditional run's counters lack filled in."""
-    stats = dict(trainer.sb_stats)
+    """The run's counters (`cards.training_costs`: a Traditional run's too), with the data and selection timers
+    that a Traditional run's counters lack filled in."""
+    stats = training_costs(trainer)
     if stats["strategy"] == "none":  # the data time the trainer's own counters keep for selective runs
         stats.update(data_seconds=trainer.timings["batch_seconds"], selection_forward_seconds=0.0,
                      selection_overhead_seconds=0.0)

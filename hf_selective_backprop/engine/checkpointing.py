@@ -2,8 +2,8 @@
 
 ``sb_state.pt`` holds what every process shares (strategy, store, epoch plan and position, and the
 run's record: its selection settings and data, checked on resume), written once;
-``sb_rank_state_{rank}.pt`` what each process owns (generator, queue, counters, strategy, and the
-random state of its data pipeline).
+``sb_rank_state_{rank}.pt`` what each process owns (generator, queue, counters, strategy, the
+random state of its data pipeline and, with several processes, its model's buffers).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from .engine import SelectionEngine
 from .epoch_plan import EpochPlan
 
 
-def save(engine: SelectionEngine, folder: str, should_save: bool) -> None:
-    """Write the engine's files into ``folder`` (every process calls this)."""
+def save(engine: SelectionEngine, folder: str, should_save: bool, model: torch.nn.Module | None = None) -> None:
+    """Write the engine's files into ``folder`` (every process calls this); ``model`` is the unwrapped model."""
     rank = engine.args.process_index
     if should_save:
         shared = {
@@ -40,17 +40,44 @@ def save(engine: SelectionEngine, folder: str, should_save: bool) -> None:
             "irreducible": None if engine.irreducible is None else engine.irreducible.state_dict(),
         }
         atomic_save(shared, os.path.join(folder, STATE_FILE))
-    atomic_save(
-        {
-            "generator": engine.generator.get_state(),
-            "queue": engine.queue.state_dict(),
-            "stats": engine.stats.state_dict(),
-            # Per rank too: a 'local' history scope (or kath18's running tau) differs between ranks.
-            "selector": engine.selector.state_dict(),
-            "data": engine.data_state.state_dict(),
-        },
-        os.path.join(folder, RANK_STATE_FILE.format(rank=rank)),
-    )
+    rank_state = {
+        "generator": engine.generator.get_state(),
+        "queue": engine.queue.state_dict(),
+        "stats": engine.stats.state_dict(),
+        # Per rank too: a 'local' history scope (or kath18's running tau) differs between ranks.
+        "selector": engine.selector.state_dict(),
+        "data": engine.data_state.state_dict(),
+    }
+    if model is not None and engine.accelerator.num_processes > 1:
+        rank_state["model_buffers"] = model_buffers(model)
+    atomic_save(rank_state, os.path.join(folder, RANK_STATE_FILE.format(rank=rank)))
+
+
+def model_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's saved buffers (BatchNorm running statistics, ...) as this process holds them.
+
+    DDP copies rank 0's buffers to the other ranks only at the start of a training forward; in
+    between, each rank's own training forward has updated its copy, and the selection forwards of
+    the next step use it. The Trainer's checkpoint holds rank 0's model only, so without these a
+    resumed rank scores its first selection batches with rank 0's statistics and selects other rows.
+    """
+    saved = model.state_dict().keys()
+    return {name: value.detach().cpu().clone() for name, value in model.named_buffers() if name in saved}
+
+
+def restore_model_buffers(engine: SelectionEngine, model: torch.nn.Module) -> None:
+    """Put the buffers this process saved back into ``model`` (the unwrapped model), once after a resume.
+
+    Called after the model is wrapped: wrapping it in DDP copies rank 0's buffers to every rank.
+    """
+    saved, engine.saved_model_buffers = engine.saved_model_buffers, None
+    if not saved:
+        return
+    buffers = dict(model.named_buffers())
+    with torch.no_grad():
+        for name, value in saved.items():
+            if name in buffers:
+                buffers[name].copy_(value)
 
 
 def load(engine: SelectionEngine, checkpoint: str, ignore_data_skip: bool = False) -> None:
@@ -100,6 +127,7 @@ def _restore_rank(engine: SelectionEngine, state: dict) -> None:
     engine.stats.load_state_dict(state["stats"])
     engine.selector.load_state_dict(state["selector"])
     engine.data_state.load_state_dict(state.get("data"))
+    engine.saved_model_buffers = state.get("model_buffers")
 
 
 def _push_saved_queue(engine: SelectionEngine, state: dict) -> None:
@@ -127,6 +155,7 @@ def _adopt_rank_states(engine: SelectionEngine, checkpoint: str, old_world: int)
             engine.generator.set_state(state["generator"])
             engine.selector.load_state_dict(state["selector"])
             engine.data_state.load_state_dict(state.get("data"))
+            engine.saved_model_buffers = state.get("model_buffers")
     if adopted:
         merged = {name: 0 for name in COUNTERS}
         for _, state in adopted:

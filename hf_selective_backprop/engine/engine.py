@@ -68,6 +68,7 @@ class SelectionEngine:
         self.dataloader = None
         self.data_state = DataState({})
         self.run: dict | None = None  # what the run is (run_record.describe): saved with checkpoints
+        self.saved_model_buffers: dict | None = None  # this process's, from the resumed checkpoint (checkpointing)
         self.plan: EpochPlan | None = None
         self.epoch = 0
         self.consumed = 0  # selection batches of the epoch read by this process (skipped ones included)
@@ -177,7 +178,14 @@ class SelectionEngine:
     def _broadcast(self, plan: EpochPlan | None) -> EpochPlan | None:
         if self.accelerator.num_processes == 1:
             return plan
-        return distributed.broadcast_object(self.accelerator, plan)
+        # The main process made the plan alone, and a stale epoch's plan runs the strategy's rule (and
+        # its loss history) over every stored loss: with a global history, every rank continues from there.
+        shared = self.args.sb_history_scope == "global"
+        state = self.selector.state_dict() if shared and self.accelerator.is_main_process else None
+        plan, state = distributed.broadcast_object(self.accelerator, (plan, state))
+        if state is not None and not self.accelerator.is_main_process:
+            self.selector.load_state_dict(state)
+        return plan
 
     def end_epoch(self) -> None:
         self._fail_if_every_loss_was_nonfinite()
@@ -204,6 +212,12 @@ class SelectionEngine:
             "examples, so training cannot make progress. The model's outputs are non-finite (diverged "
             "weights, a too-high learning rate, or broken inputs/labels)."
         )
+
+    def read_all_asked(self) -> bool:
+        """True once an epoch-based run has read the share of its last epoch that a fractional
+        num_train_epochs asks for (a whole last epoch ends by running out of data instead)."""
+        unfinished = self.consumed < self.batches_in_epoch
+        return self.epoch_based and unfinished and self.epochs_read() >= self.args.num_train_epochs
 
     def epochs_read(self) -> float:
         return self.epoch + self.consumed / self.batches_in_epoch
@@ -292,10 +306,15 @@ class SelectionEngine:
             decided = self.plan.is_decided(host_ids)
             if bool(decided.any()):
                 self._push(self._planned_rows(batch, host_ids, decided))  # counted as seen when planned
-                if bool(decided.all()):
-                    return
-                undecided = (~decided).nonzero().squeeze(1)
-                batch, host_ids = _rows(batch, transfer.to_device(undecided, _batch_device(batch))), host_ids[undecided]
+            done = bool(decided.all())
+            if bool(self.plan.scored.any()):
+                # Scoring rows without a finite stored loss runs collectives, and ranks read different
+                # numbers of them: a rank with none joins them with no rows, unless no rank has any.
+                done = distributed.all_true(self.accelerator, done)
+            if done:
+                return
+            undecided = (~decided).nonzero().squeeze(1)
+            batch, host_ids = _rows(batch, transfer.to_device(undecided, _batch_device(batch))), host_ids[undecided]
         self.stats.examples_seen += _batch_length(batch)
         if selecting:
             self._select(batch, model, host_ids)
@@ -379,8 +398,11 @@ class SelectionEngine:
 
     def _score(self, batch: dict, ids: torch.Tensor | None, model: torch.nn.Module) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k != self.index_column}
-        with self.stats.timer("selection_forward_seconds"):
-            losses = self.scorer(model, inputs)
+        if _batch_length(batch) == 0:  # another rank scores rows: this one joins the store's collective
+            losses = torch.zeros(0)
+        else:
+            with self.stats.timer("selection_forward_seconds"):
+                losses = self.scorer(model, inputs)
         self.stats.selection_forwards += _batch_length(batch)
         if self.records_training_losses:
             losses = self.observe(ids, losses)  # copied to the host with the ids, once

@@ -16,8 +16,8 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers.trainer_utils import has_length
 
-from .accounting import full_pass_summary
 from .data.specs import KNOWN_DATASETS
+from .engine.accounting import full_pass_summary
 
 TEMPLATE_PATH = Path(str(files(__package__).joinpath("templates", "selective_backprop.md")))
 TASKS = {

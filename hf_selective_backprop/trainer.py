@@ -21,21 +21,20 @@ from transformers import DefaultFlowCallback, Trainer
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
-from . import distributed, reference, rotation
-from .accounting import STATS_FILE, TIMINGS, run_summary, write_stats
-from .checkpoints import require_complete_checkpoint
 from .config import SelectiveBackpropArguments
-from .engine import SelectionEngine, checkpointing, run_record
+from .engine import SelectionEngine, checkpointing, distributed, reference, rotation, run_record
+from .engine.accounting import STATS_FILE, TIMINGS, run_summary, write_stats
 from .engine.callback import SelectionFlowCallback
+from .engine.checkpoints import require_complete_checkpoint
 from .engine.data_state import DataState, stateful_sources
 from .engine.engine import WEIGHT_KEY, check_rows
 from .engine.epoch_plan import PlannedSampler
-from .indexing import ids_by_position, keeping_ids, with_index_column
+from .engine.indexing import ids_by_position, keeping_ids, with_index_column
+from .engine.padding import queue_padding
+from .engine.plan import TrainingPlan
+from .engine.reference import IrreducibleLosses
+from .engine.scoring import SelectionScorer
 from .losses import check_per_example_loss, model_task, per_example_loss_for, weighted_loss
-from .padding import queue_padding
-from .plan import TrainingPlan
-from .reference import IrreducibleLosses
-from .scoring import SelectionScorer
 from .selectors import build_selector
 
 __all__ = ["STATS_FILE", "WEIGHT_KEY", "SelectiveBackpropMixin", "SelectiveBackpropTrainer"]
@@ -474,7 +473,7 @@ class SelectiveBackpropMixin:
 
     def _save_checkpoint(self, model, trial):
         # The Trainer's rotation would delete every checkpoint-* folder of output_dir, a previous run's or a
-        # user's included: rotate among this run's own instead (hf_selective_backprop.rotation).
+        # user's included: rotate among this run's own instead (hf_selective_backprop.engine.rotation).
         record, run_dir = rotation.record_of(self), self._get_output_dir(trial)
         rotation.add(record, run_dir, self.state.global_step)
         if self.accelerator.num_processes > 1:

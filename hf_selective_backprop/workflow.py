@@ -14,11 +14,11 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGHTS_INDEX_NAME, WEIGHTS_NAME
 
-from .accounting import STATS_FILE, write_stats
 from .cards import hub_dataset_id, training_costs
-from .checkpoints import STATE_FILE, last_complete_checkpoint
 from .config import SelectiveBackpropConfig
 from .data import DataArguments, load_image_data
+from .engine.accounting import STATS_FILE, write_stats
+from .engine.checkpoints import STATE_FILE, last_complete_checkpoint
 from .metrics import compute_metrics
 from .models import ModelArguments, build_model
 from .trainer import SelectiveBackpropTrainer

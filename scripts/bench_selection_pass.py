@@ -47,9 +47,9 @@ from hf_selective_backprop.benchmarks.runner import RunSettings, time_training  
 from hf_selective_backprop.benchmarks.strategies import Strategy  # noqa: E402
 from hf_selective_backprop.data.datasets import ImageTensorDataset  # noqa: E402
 from hf_selective_backprop.data.transforms import BatchTransform  # noqa: E402
+from hf_selective_backprop.engine.scoring import SelectionScorer  # noqa: E402
 from hf_selective_backprop.losses import cross_entropy_per_example  # noqa: E402
 from hf_selective_backprop.models import ModelArguments, build_model  # noqa: E402
-from hf_selective_backprop.scoring import SelectionScorer  # noqa: E402
 
 CIFAR_MEAN, CIFAR_STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 

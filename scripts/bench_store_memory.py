@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hf_selective_backprop.store import LossStore  # noqa: E402
+from hf_selective_backprop.engine.store import LossStore  # noqa: E402
 
 
 def _status_bytes(field: str) -> int | None:

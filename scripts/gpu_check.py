@@ -305,8 +305,8 @@ def measure_costs(workload, repeats: int = 20) -> dict:
     """F (training forward), (1+r)F (forward, backward, SGD step) and the selection forward, per batch of 128."""
     import torch
 
+    from hf_selective_backprop.engine.scoring import SelectionScorer
     from hf_selective_backprop.losses import cross_entropy_per_example
-    from hf_selective_backprop.scoring import SelectionScorer
 
     model = workload.build_model().cuda()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)

@@ -23,7 +23,6 @@ from transformers import (
 )
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
-from hf_selective_backprop.accounting import STATS_FILE, write_stats
 from hf_selective_backprop.cards import hub_dataset_id, training_costs
 from hf_selective_backprop.data.text import (
     TextDataArguments,
@@ -32,6 +31,7 @@ from hf_selective_backprop.data.text import (
     tokenize,
     train_wordpiece_tokenizer,
 )
+from hf_selective_backprop.engine.accounting import STATS_FILE, write_stats
 from hf_selective_backprop.metrics import compute_metrics
 from hf_selective_backprop.text_models import PIPELINE_TAGS, TextModelArguments, build_text_model, load_tokenizer
 from hf_selective_backprop.workflow import (

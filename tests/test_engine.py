@@ -8,7 +8,7 @@ import user_strategy  # noqa: F401  (registers --sb_strategy easiest)
 from tiny import TinyClassifier, make_config, make_dataset
 
 from hf_selective_backprop import SelectiveBackpropTrainer
-from hf_selective_backprop.checkpoints import STATE_FILE
+from hf_selective_backprop.engine.checkpoints import STATE_FILE
 from hf_selective_backprop.selectors import keep_count
 
 N = 96

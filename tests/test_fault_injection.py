@@ -27,10 +27,10 @@ from tiny import TinyClassifier, TinyConv, augmentation, make_config, make_datas
 from transformers import TrainerCallback, TrainerState
 
 from hf_selective_backprop import SelectiveBackpropTrainer
-from hf_selective_backprop.checkpoints import is_complete_checkpoint, last_complete_checkpoint
 from hf_selective_backprop.data import BatchTransform, DataArguments, ImageTensorDataset, load_image_data
 from hf_selective_backprop.data.text import TextDataArguments, load_text_data
-from hf_selective_backprop.scoring import SelectionScorer
+from hf_selective_backprop.engine.checkpoints import is_complete_checkpoint, last_complete_checkpoint
+from hf_selective_backprop.engine.scoring import SelectionScorer
 
 ROOT = Path(__file__).resolve().parents[1]
 

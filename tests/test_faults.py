@@ -18,8 +18,8 @@ from datasets import Dataset
 from tiny import CLASSES, FEATURES, TinyClassifier, make_config, make_dataset
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
+from hf_selective_backprop.engine.queue import BatchQueue
 from hf_selective_backprop.losses import check_class_labels, cross_entropy_per_example
-from hf_selective_backprop.queue import BatchQueue
 from hf_selective_backprop.trainer import STATS_FILE
 
 NAN_MARK, INF_MARK = 100.0, -100.0

@@ -16,7 +16,8 @@ import torch
 from tiny import TinyClassifier, TinyConv, make_config, make_dataset, make_image_dataset
 from transformers.trainer_utils import get_last_checkpoint
 
-from hf_selective_backprop import SelectiveBackpropTrainer, losses, transfer
+from hf_selective_backprop import SelectiveBackpropTrainer, losses
+from hf_selective_backprop.engine import transfer
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[1]

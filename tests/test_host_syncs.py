@@ -13,7 +13,8 @@ import torch
 from tiny import TinyClassifier, make_config, make_dataset
 from torch.utils._pytree import tree_leaves
 
-from hf_selective_backprop import SelectiveBackpropTrainer, losses, transfer
+from hf_selective_backprop import SelectiveBackpropTrainer, losses
+from hf_selective_backprop.engine import transfer
 from hf_selective_backprop.engine.epoch_plan import EpochPlan
 
 HOST_COPIES = {

@@ -8,7 +8,7 @@ from test_engine import CountingRows, N, TrainedIds, train
 from tiny import make_config
 
 from hf_selective_backprop import SelectiveBackpropConfig
-from hf_selective_backprop.checkpoints import STATE_FILE
+from hf_selective_backprop.engine.checkpoints import STATE_FILE
 from hf_selective_backprop.selectors import InfoBatchSelector
 from hf_selective_backprop.trainer import WEIGHT_KEY
 

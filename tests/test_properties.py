@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from tiny import TinyClassifier, make_config, make_dataset
 
 from hf_selective_backprop import SelectiveBackpropTrainer
-from hf_selective_backprop.history import LossHistory
-from hf_selective_backprop.queue import BatchQueue
-from hf_selective_backprop.store import LossStore
+from hf_selective_backprop.engine.queue import BatchQueue
+from hf_selective_backprop.engine.store import LossStore
+from hf_selective_backprop.selectors.history import LossHistory
 
 floats32 = st.floats(width=32, allow_nan=True, allow_infinity=True)
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from hf_selective_backprop.padding import queue_padding
-from hf_selective_backprop.queue import BatchQueue
+from hf_selective_backprop.engine.padding import queue_padding
+from hf_selective_backprop.engine.queue import BatchQueue
 
 PAD_ID = 7
 PAD_VALUES = {"input_ids": PAD_ID, "attention_mask": 0, "labels": -100, "features": -1.0}

@@ -24,8 +24,8 @@ from tiny import TinyClassifier, make_config, make_dataset
 from transformers.trainer_utils import get_last_checkpoint
 
 from hf_selective_backprop import SelectiveBackpropTrainer
-from hf_selective_backprop.accounting import COUNTERS
-from hf_selective_backprop.checkpoints import (
+from hf_selective_backprop.engine.accounting import COUNTERS
+from hf_selective_backprop.engine.checkpoints import (
     RANK_STATE_FILE,
     STATE_FILE,
     is_complete_checkpoint,

@@ -21,8 +21,8 @@ from test_resume import checkpoints
 from tiny import TinyConv, augmentation, make_config, make_image_dataset, make_images
 
 from hf_selective_backprop import SelectiveBackpropTrainer
-from hf_selective_backprop.accounting import COUNTERS
-from hf_selective_backprop.checkpoints import RANK_STATE_FILE, STATE_FILE
+from hf_selective_backprop.engine.accounting import COUNTERS
+from hf_selective_backprop.engine.checkpoints import RANK_STATE_FILE, STATE_FILE
 from hf_selective_backprop.engine.data_state import DataState
 from hf_selective_backprop.trainer import STATS_FILE
 

@@ -14,9 +14,9 @@ from tiny import CLASSES, FEATURES, TinyClassifier, make_config, make_dataset
 from torch import nn
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
-from hf_selective_backprop import reference as reference_module
 from hf_selective_backprop.data.noise import flip_labels
 from hf_selective_backprop.engine import SelectionEngine
+from hf_selective_backprop.engine import reference as reference_module
 from hf_selective_backprop.models import ModelArguments, build_model
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_selective_backprop.schedule import in_selection_window, is_interrupt_step
+from hf_selective_backprop.engine.schedule import in_selection_window, is_interrupt_step
 
 
 def active_steps(total: int, start: float, end: float, interrupt: int) -> list[int]:

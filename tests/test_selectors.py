@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from hf_selective_backprop.config import SelectiveBackpropConfig
-from hf_selective_backprop.history import LossHistory
 from hf_selective_backprop.selectors import (
     ComposerSelector,
     Kath18Selector,
@@ -20,6 +19,7 @@ from hf_selective_backprop.selectors import (
     build_selector,
     keep_count,
 )
+from hf_selective_backprop.selectors.history import LossHistory
 
 NAN, INF = float("nan"), float("inf")
 

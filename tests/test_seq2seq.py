@@ -9,7 +9,7 @@ from text_tiny import NEGATIVE, POSITIVE, tiny_bart, tiny_t5, word_tokenizer
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from hf_selective_backprop import SelectiveBackpropSeq2SeqConfig, SelectiveBackpropSeq2SeqTrainer
-from hf_selective_backprop.checkpoints import RANK_STATE_FILE
+from hf_selective_backprop.engine.checkpoints import RANK_STATE_FILE
 
 TEXTS = POSITIVE + NEGATIVE
 MODELS = {"t5": tiny_t5, "bart": tiny_bart}

@@ -19,8 +19,8 @@ from transformers import (
 )
 
 from hf_selective_backprop import SelectiveBackpropTrainer
-from hf_selective_backprop.checkpoints import RANK_STATE_FILE
 from hf_selective_backprop.data.text import tokenize, train_wordpiece_tokenizer
+from hf_selective_backprop.engine.checkpoints import RANK_STATE_FILE
 
 GOOD, BAD, NEUTRAL = ["good", "great", "fine", "superb"], ["bad", "awful", "dull", "poor"], ["the", "film", "was", "a"]
 

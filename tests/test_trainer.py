@@ -10,8 +10,8 @@ from transformers import Trainer, TrainingArguments
 
 from hf_selective_backprop import SelectiveBackpropTrainer
 from hf_selective_backprop.cards import training_costs
+from hf_selective_backprop.engine.scoring import SelectionScorer
 from hf_selective_backprop.losses import cross_entropy_per_example
-from hf_selective_backprop.scoring import SelectionScorer
 
 
 class RecordingTrainer(SelectiveBackpropTrainer):

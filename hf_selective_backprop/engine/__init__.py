@@ -1,6 +1,29 @@
-"""The selection engine: what selection holds between steps, and how it saves and restores it."""
+"""The selection engine: what selection holds between steps, and how it saves and restores it.
 
-from .engine import WEIGHT_KEY, SelectionEngine
-from .epoch_plan import EpochPlan, PlannedSampler
+`SelectionEngine` (`engine.py`) is the one object that holds selection state; the modules beside it
+are its parts: the loss store (`store.py`), the batch queue and its padding (`queue.py`,
+`padding.py`), the epoch's plan (`epoch_plan.py`, `plan.py`, `schedule.py`), the selection forward
+(`scoring.py`), example ids (`indexing.py`), irreducible losses for RHO-LOSS (`reference.py`),
+collectives and host copies (`distributed.py`, `transfer.py`), counters (`accounting.py`) and
+checkpoints (`checkpointing.py`, `checkpoints.py`, `run_record.py`, `data_state.py`, `rotation.py`).
+"""
+
+from __future__ import annotations
+
+import importlib
 
 __all__ = ["WEIGHT_KEY", "EpochPlan", "PlannedSampler", "SelectionEngine"]
+
+# Loaded on first use: the pure parts (store, queue) should not pay for importing Accelerate.
+_LAZY = {
+    "WEIGHT_KEY": ".engine",
+    "SelectionEngine": ".engine",
+    "EpochPlan": ".epoch_plan",
+    "PlannedSampler": ".epoch_plan",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

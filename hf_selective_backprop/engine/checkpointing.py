@@ -13,12 +13,12 @@ import warnings
 
 import torch
 
-from ..accounting import COUNTERS, TIMERS
-from ..checkpoints import RANK_STATE_FILE, STATE_FILE, atomic_save
-from ..reference import IrreducibleLosses
 from . import run_record
+from .accounting import COUNTERS, TIMERS
+from .checkpoints import RANK_STATE_FILE, STATE_FILE, atomic_save
 from .engine import SelectionEngine
 from .epoch_plan import EpochPlan
+from .reference import IrreducibleLosses
 
 
 def save(engine: SelectionEngine, folder: str, should_save: bool, model: torch.nn.Module | None = None) -> None:

@@ -28,7 +28,7 @@ from collections import deque
 
 from torch.utils.data import IterableDataset
 
-from ..indexing import IndexedDataset
+from .indexing import IndexedDataset
 
 NAMES = {"dataset": "the training dataset", "collator": "the data collator"}
 

@@ -21,16 +21,16 @@ import torch
 from accelerate import Accelerator
 from transformers.trainer_utils import has_length
 
-from .. import distributed, transfer
-from ..accounting import SelectionStats
-from ..queue import BatchQueue
-from ..reference import IrreducibleLosses
-from ..schedule import in_selection_window, is_interrupt_step
-from ..scoring import SelectionScorer
 from ..selectors import Selector
-from ..store import LossStore
+from . import distributed, transfer
+from .accounting import SelectionStats
 from .data_state import DataState
 from .epoch_plan import EpochPlan, PlannedSampler, stale_plan
+from .queue import BatchQueue
+from .reference import IrreducibleLosses
+from .schedule import in_selection_window, is_interrupt_step
+from .scoring import SelectionScorer
+from .store import LossStore
 
 WEIGHT_KEY = "sb_weight"
 

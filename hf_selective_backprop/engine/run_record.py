@@ -22,8 +22,8 @@ from datasets import Dataset as HFDataset
 from torch.utils.data import IterableDataset
 from transformers.trainer_utils import get_last_checkpoint
 
-from ..checkpoints import STATE_FILE
-from ..indexing import IndexedDataset
+from .checkpoints import STATE_FILE
+from .indexing import IndexedDataset
 
 #: ``sb_*`` flags that decide nothing: the size of a selection forward (a resumed epoch skips rows,
 #: not batches) and how it runs or is timed.

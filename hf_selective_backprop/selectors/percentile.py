@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..history import LossHistory
 from .base import Selection, Selector, bernoulli_keep
+from .history import LossHistory
 
 
 class PercentileSelector(Selector):

@@ -18,9 +18,9 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from ..losses import logits_of, per_example_loss_for
 from . import distributed
 from .indexing import IndexedDataset
-from .losses import logits_of, per_example_loss_for
 from .scoring import SelectionScorer
 
 MODEL_FLAG = "--sb_reference_model"

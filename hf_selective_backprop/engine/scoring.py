@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from .losses import PerExampleLoss
+from ..losses import PerExampleLoss
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 

@@ -10,6 +10,7 @@ WordPiece tokenizer is trained on the training split and a small GPT-2 is built 
 """
 
 import math
+import os
 from dataclasses import dataclass, field
 
 from accelerate import PartialState
@@ -19,6 +20,7 @@ from transformers import AutoTokenizer, HfArgumentParser, set_seed
 from hf_selective_backprop import SelectiveBackpropSFTConfig, SelectiveBackpropSFTTrainer
 from hf_selective_backprop.cards import hub_dataset_id, training_costs
 from hf_selective_backprop.data.text import TextDataArguments, load_text_data, texts_of, train_wordpiece_tokenizer
+from hf_selective_backprop.engine.accounting import STATS_FILE, write_stats
 from hf_selective_backprop.text_models import TextModelArguments, build_text_model, load_tokenizer
 from hf_selective_backprop.workflow import check_output_dir, resume_checkpoint
 
@@ -94,7 +96,7 @@ def main() -> None:
     trainer = SelectiveBackpropSFTTrainer(
         model=model, args=config, train_dataset=data.train, eval_dataset=data.eval, processing_class=tokenizer
     )
-    trainer.train(resume_from_checkpoint=checkpoint)
+    train_output = trainer.train(resume_from_checkpoint=checkpoint)
     stats = training_costs(trainer)
 
     metrics = trainer.evaluate() if data.eval is not None else {}
@@ -102,6 +104,9 @@ def main() -> None:
         metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 700.0))
     trainer.save_model()
     trainer.save_metrics("eval", metrics)
+    trainer.save_metrics("train", train_output.metrics)
+    if config.should_save:  # every strategy's counters, Traditional's too, as scripts/train.py writes them
+        write_stats(stats, os.path.join(config.output_dir, STATS_FILE))
     card = {"dataset": data_args.dataset, "eval_split": data_args.eval_split, "tasks": "text-generation"}
     if config.should_save:
         trainer.create_model_card(**card)

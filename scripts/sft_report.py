@@ -1,0 +1,57 @@
+"""Throughput and final validation loss of SFT runs with and without selection, beside the cost model.
+
+    python scripts/sft_report.py --runs benchmarks/results/sst2-sft/none benchmarks/results/sst2-sft/sb ...
+
+Reads each run folder that scripts/train_sft.py wrote (sb_stats.json, eval_results.json) and prints a
+markdown table: examples per second (examples read over training wall time), the speedup over the
+first run, and the cost model's ideal speedup (Jiang et al.: Traditional costs (1+r)F per example,
+SB phi*F + s(1+r)F, Stale-SB (phi/n)F + s(1+r)F) with the measured kept fraction s and selection-forward
+cost phi, and r = 2 (a backward costs two forwards).
+"""
+
+import argparse
+import json
+import os
+
+R = 2.0
+
+
+def load(folder: str) -> dict:
+    with open(os.path.join(folder, "sb_stats.json")) as handle:
+        stats = json.load(handle)
+    with open(os.path.join(folder, "eval_results.json")) as handle:
+        stats["eval_loss"] = json.load(handle)["eval_loss"]
+    stats["examples_per_second"] = stats["examples_seen"] / stats["train_seconds"]
+    return stats
+
+
+def ideal_speedup(stats: dict) -> float:
+    """The cost model's epoch speedup over Traditional, with this run's kept fraction and selection forward cost."""
+    if not stats.get("selection_forwards"):
+        return 1.0 / stats.get("kept_fraction", 1.0)  # Traditional, or a subset decided without scoring
+    # F from the training phase: each trained example cost (1 + r) F there.
+    forward = stats["training_seconds"] / stats["backwards"] / (1 + R)
+    phi = stats["selection_forward_seconds"] / stats["selection_forwards"] / forward
+    share_scored = stats["selection_forwards"] / stats["examples_seen"]  # 1 for SB, about 1/n for Stale-SB
+    return (1 + R) / (phi * share_scored + stats["kept_fraction"] * (1 + R))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", nargs="+", required=True, help="Run folders; the first is the baseline.")
+    args = parser.parse_args()
+    runs = [(os.path.basename(os.path.normpath(folder)), load(folder)) for folder in args.runs]
+    base = runs[0][1]["examples_per_second"]
+    print("| run | examples/s | speedup | cost model's ideal | kept fraction | backwards | selection forwards | "
+          "final validation loss |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, stats in runs:
+        print(
+            f"| {name} | {stats['examples_per_second']:.1f} | {stats['examples_per_second'] / base:.2f}x | "
+            f"{ideal_speedup(stats):.2f}x | {stats.get('kept_fraction', 1.0):.2f} | {stats['backwards']:,} | "
+            f"{stats.get('selection_forwards', 0):,} | {stats['eval_loss']:.4f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -13,8 +13,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import runpy
-import sys
 import warnings
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import pytest
 import safetensors.torch
 import torch
 from test_faults import dataset, tensors
+from test_text_data import run_script
 from tiny import TinyClassifier, TinyConv, augmentation, make_config, make_dataset, make_images
 from transformers import TrainerCallback, TrainerState
 
@@ -31,8 +30,6 @@ from hf_selective_backprop.data import BatchTransform, DataArguments, ImageTenso
 from hf_selective_backprop.data.text import TextDataArguments, load_text_data
 from hf_selective_backprop.engine.checkpoints import is_complete_checkpoint, last_complete_checkpoint
 from hf_selective_backprop.engine.scoring import SelectionScorer
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def trainer_for(output_dir, data=None, model=None, callbacks=(), **settings) -> SelectiveBackpropTrainer:
@@ -65,15 +62,6 @@ def write_jsonl(folder: Path, split: str, rows: list[dict]) -> Path:
     return folder
 
 
-def run_train_text(argv: list[str]) -> None:
-    old = sys.argv
-    sys.argv = ["train_text.py", *argv]
-    try:
-        runpy.run_path(str(ROOT / "scripts" / "train_text.py"), run_name="__main__")
-    finally:
-        sys.argv = old
-
-
 @pytest.fixture(scope="module")
 def augmented_checkpoints(tmp_path_factory):
     """checkpoint-2 of an augmented and of an unaugmented SB run (default settings: keep 1/3)."""
@@ -97,7 +85,7 @@ def _none_sentence(tmp_path, review_folder):
     rows = [{"review": "great acting" if i % 2 else "dull", "sentiment": "pos" if i % 2 else "neg"} for i in range(8)]
     rows[5]["review"] = None
     folder = write_jsonl(tmp_path / "texts", "train", rows)
-    run_train_text(["--dataset", str(folder), "--label_column", "sentiment", "--eval_split", "none",
+    run_script(["--dataset", str(folder), "--label_column", "sentiment", "--eval_split", "none",
                     "--eval_strategy", "no", "--output_dir", str(tmp_path / "out"), "--use_cpu"])
 
 

@@ -82,7 +82,9 @@ def orchestrate(options, out: Path) -> int:
         (out / f"{name}.json").unlink(missing_ok=True)
         command = [sys.executable, __file__, "--run", name, "--output_dir", str(out), "--data", options.data]
         start = time.monotonic()
-        env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+        # The repository first, then whatever path the caller set (packages installed with --target, say).
+        python_path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "HF_HUB_OFFLINE": "1", "PYTHONPATH": python_path}
         try:
             process = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=left)
             status = "ok" if process.returncode == 0 else f"failed (exit {process.returncode})"
@@ -162,6 +164,9 @@ def section_pytest(options, out: Path) -> dict:
     command = [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-q", "-rA", "-p", "no:cacheprovider",
                f"--junitxml={xml}"]
     process = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if not xml.exists():  # pytest stopped before collecting (an import error in conftest, say)
+        output = (process.stdout + process.stderr)[-3000:]
+        raise RuntimeError(f"pytest wrote no report (exit {process.returncode}):\n{output}")
     tests = []
     for case in ET.parse(xml).getroot().iter("testcase"):
         outcome, message = "passed", ""

@@ -14,7 +14,7 @@ from tiny import CLASSES, FEATURES, TinyClassifier, make_config, make_dataset
 from torch import nn
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
-from hf_selective_backprop.data.noise import flip_labels
+from hf_selective_backprop.data.noise import flip_labels, holdout_positions
 from hf_selective_backprop.engine import SelectionEngine
 from hf_selective_backprop.engine import reference as reference_module
 from hf_selective_backprop.models import ModelArguments, build_model
@@ -312,6 +312,17 @@ def test_a_reference_trained_on_a_holdout_scores_the_rest_of_the_data(tmp_path):
     assert json.loads((reference_dir / "train_results.json").read_text())["train_runtime"] > 0
     card = (main_dir / "README.md").read_text()
     assert str(reference_dir) in card and "reference" in card.lower()
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_holdout_carries_label_noise_at_the_rate_of_the_rest_whatever_the_two_seeds(seed):
+    # Both draws used to be randperm(N) of the bare seed: with equal seeds the holdout was exactly the flipped rows.
+    labels = torch.arange(12_000) % 10
+    _, flipped = flip_labels(labels, 0.2, 10, seed=seed)
+    for holdout_seed in (seed, seed + 1):
+        holdout = holdout_positions(12_000, 2_000 / 12_000, holdout_seed)
+        share = torch.isin(holdout, flipped).float().mean().item()
+        assert 0.17 < share < 0.23, (holdout_seed, share)  # 20 % +- 3.6 standard deviations
 
 
 def test_the_benchmark_counts_the_reference_models_training_and_pass_in_the_strategys_time(tmp_path):

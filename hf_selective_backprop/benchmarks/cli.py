@@ -25,8 +25,8 @@ class BenchmarkArguments:
         default=",".join(DEFAULT_STRATEGIES),
         metadata={
             "help": "Comma-separated: traditional, sb, stale-sb, sb-warmup, kath18, composer, uniform, topk, "
-            "infobatch, infobatch-r<ratio>, rholoss, rholoss-cdf, sb-anneal, sb-anneal-floor, sb-anneal-weighted, "
-            "stale-sb-anneal."
+            "infobatch, infobatch-r<ratio>, rholoss, rholoss-cdf, stale-rholoss, sb-anneal, sb-anneal-floor, "
+            "sb-anneal-weighted, stale-sb-anneal."
         },
     )
     protocol: str = field(
@@ -40,12 +40,13 @@ class BenchmarkArguments:
     )
     num_train_epochs: float = field(default=10.0, metadata={"help": "Epochs of every run (paper protocol)."})
     keep: float = field(default=1.0 / 3.0, metadata={"help": "Kept fraction of every selection strategy (sb_keep)."})
-    staleness: int = field(default=3, metadata={"help": "n of stale-sb."})
+    staleness: int = field(default=3, metadata={"help": "n of stale-sb and stale-rholoss."})
     reference_model: str | None = field(
         default=None,
         metadata={
-            "help": "rholoss / rholoss-cdf: folder of the reference model (scripts/train.py --train_on holdout). Its "
-            "training time (train_results.json) and its pass over the data count in the strategy's time."
+            "help": "rholoss / rholoss-cdf / stale-rholoss: folder of the reference model (scripts/train.py "
+            "--train_on holdout). Its training time (train_results.json) and its pass over the data count in the "
+            "strategy's time."
         },
     )
     warmup_epochs: int | None = field(

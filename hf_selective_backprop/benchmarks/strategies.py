@@ -14,8 +14,13 @@ ANNEALED = {
     "stale-sb-anneal": ("Stale-SB (n={n}) keep {keep:.2f}, annealed", {"sb_staleness": None}),
 }
 
-#: RHO-LOSS strategies: name -> (--sb_rho_rule, label).
-RHO_RULES = {"rholoss": ("topk", "RHO-LOSS"), "rholoss-cdf": ("cdf", "RHO-LOSS, SB's CDF rule")}
+#: RHO-LOSS strategies: name -> (--sb_rho_rule, label, stale). A stale one scores reducible losses from the
+#: selection pass of every n-th epoch (n = --staleness), as Stale-SB does, so most epochs skip that forward.
+RHO_RULES = {
+    "rholoss": ("topk", "RHO-LOSS", False),
+    "rholoss-cdf": ("cdf", "RHO-LOSS, SB's CDF rule", False),
+    "stale-rholoss": ("topk", "Stale RHO-LOSS (n={n})", True),
+}
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,7 @@ def build_strategy(
     name: str, keep: float, staleness: int, warmup_epochs: int, reference_model: str | None = None
 ) -> Strategy:
     """`name` is one of traditional, sb, stale-sb, kath18, composer, uniform, topk, sb-warmup, rholoss,
-    rholoss-cdf; the last two score with ``reference_model`` (a folder scripts/train.py wrote)."""
+    rholoss-cdf, stale-rholoss; the last three score with ``reference_model`` (a folder scripts/train.py wrote)."""
     if name == "traditional":
         return Strategy(name, "Traditional", {"sb_strategy": "none"})
     if name == "sb":
@@ -63,9 +68,11 @@ def build_strategy(
     if name in RHO_RULES:
         if reference_model is None:
             raise ValueError(f"strategy {name!r} needs --reference_model: the folder of a model trained on a holdout")
-        rule, label = RHO_RULES[name]
+        rule, label, stale = RHO_RULES[name]
         overrides = {"sb_strategy": "rholoss", "sb_keep": keep, "sb_rho_rule": rule}
-        return Strategy(name, label, {**overrides, "sb_reference_model": reference_model})
+        if stale:
+            overrides["sb_staleness"] = staleness
+        return Strategy(name, label.format(n=staleness), {**overrides, "sb_reference_model": reference_model})
     if name in ("kath18", "composer", "uniform", "topk"):
         labels = {"kath18": "Kath18", "composer": "Composer", "uniform": "Uniform", "topk": "Top-k"}
         return Strategy(name, labels[name], {"sb_strategy": name, "sb_keep": keep})

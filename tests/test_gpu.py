@@ -1,6 +1,6 @@
 """What only a CUDA device can show (marked ``gpu``: collected and skipped without one; `make gpu-check` runs them).
 
-None of these has run yet: no CUDA device was available while they were written (docs/gpu.md).
+docs/gpu.md says where they last ran.
 """
 
 from __future__ import annotations
@@ -50,6 +50,29 @@ def test_to_device_does_not_wait_and_to_host_waits_once():
     assert len(cuda_syncs(lambda: copied.extend(transfer.to_host(*tensors)))) == 1
     for original, back in zip(tensors, copied, strict=True):
         assert back.device.type == "cpu" and back.dtype == original.dtype and torch.equal(back, original.cpu())
+
+
+def test_to_host_copies_the_device_tensors_once_and_leaves_host_ones(tmp_path):
+    # Stale RHO-LOSS on CUDA crashed here: ids the collator left on the host beside losses on the device.
+    ids, losses = torch.arange(8), torch.linspace(0, 1, 8, device="cuda")
+    copied = []
+    assert len(cuda_syncs(lambda: copied.extend(transfer.to_host(ids, losses)))) == 1
+    assert [t.device.type for t in copied] == ["cpu", "cpu"]
+    assert torch.equal(copied[0], ids) and torch.equal(copied[1], losses.cpu())
+
+
+@pytest.mark.parametrize("staleness", [1, 3])
+def test_rholoss_trains_on_cuda_fresh_and_stale(output_dir, staleness):
+    dataset = make_dataset(96)
+    trainer = SelectiveBackpropTrainer(
+        model=TinyClassifier(), reference_model=TinyClassifier(seed=2),
+        args=cuda_config(output_dir, sb_strategy="rholoss", sb_keep=0.5, sb_staleness=staleness, num_train_epochs=4),
+        train_dataset=dataset,
+    )
+    trainer.train()
+    stats = trainer.sb_stats
+    assert stats["reference_forwards"] == 96 and stats["backwards"] > 0
+    assert (stats["stale_lookups"] > 0) == (staleness > 1)
 
 
 def test_a_selection_batch_waits_for_the_device_once(output_dir, monkeypatch):

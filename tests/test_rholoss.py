@@ -356,3 +356,6 @@ def test_the_benchmark_counts_the_reference_models_training_and_pass_in_the_stra
     assert log["train_examples"] == 96 and log["stats"]["reference_forwards"] == 96
     with pytest.raises(ValueError, match="'rholoss' needs --reference_model"):
         build_strategy("rholoss", 0.5, 2, 0)
+    stale = build_strategy("stale-rholoss", 0.5, 3, 0, reference_model="ref")
+    assert stale.label == "Stale RHO-LOSS (n=3)" and stale.cycle == 3
+    assert stale.overrides == {**strategy.overrides, "sb_staleness": 3, "sb_reference_model": "ref"}

@@ -22,12 +22,17 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
 
 
 def to_host(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """``tensors`` (on one device) on the host, in a single device-to-host copy whatever their number and dtypes.
+    """``tensors`` on the host, in a single device-to-host copy whatever their number and dtypes.
 
-    Their bytes are concatenated on the device, copied once and viewed back as each tensor. Widest
-    dtypes first, so every tensor starts at an offset its element size divides (``view(dtype)`` needs it).
-    For host tensors this is a small copy on the host and no synchronisation.
+    The bytes of those on the accelerator (one device) are concatenated there, copied once and viewed
+    back as each tensor. Widest dtypes first, so every tensor starts at an offset its element size
+    divides (``view(dtype)`` needs it). Host tensors among them (ids a collator left on the host, say)
+    stay where they are; for host tensors alone this is no synchronisation.
     """
+    if any(t.device.type == "cpu" for t in tensors) and any(t.device.type != "cpu" for t in tensors):
+        on_device = [i for i, t in enumerate(tensors) if t.device.type != "cpu"]
+        copied = dict(zip(on_device, to_host(*(tensors[i] for i in on_device)), strict=True))
+        return tuple(copied.get(i, t.detach()) for i, t in enumerate(tensors))
     order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
     flat = [tensors[i].detach().reshape(-1).contiguous() for i in order]
     packed = torch.cat([t.view(torch.uint8) for t in flat]).cpu()

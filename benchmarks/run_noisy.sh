@@ -16,9 +16,11 @@
 #     bash benchmarks/run_noisy.sh                       # everything, 20 % first (about 1.5 h per noise and seed
 #                                                        # on a 2-core CPU, about 3 min on one H200)
 #     NOISES=0.2 SEEDS="0 1 2" bash benchmarks/run_noisy.sh
+#     NOISES=0.2 SEEDS=0 STRATEGIES=traditional,rholoss-cdf,stale-rholoss ALL_IMAGES=0 bash benchmarks/run_noisy.sh
 #     IMAGES=50000 EVAL_IMAGES=10000 NOISES=0.2 SEEDS=0 RESULTS=benchmarks/results/cifar10-noisy-50k \
 #         PY=python3 THREADS=4 bash benchmarks/run_noisy.sh   # all of CIFAR-10 on a GPU
 #
+# ALL_IMAGES=0 skips Traditional on all IMAGES; without sb in STRATEGIES the uniform control keeps KEEP.
 # Restartable: a reference with train_results.json, and a strategy whose <name>.json exists, are skipped.
 # Run with nothing else on the machine (docs/benchmarks.md says how the published runs kept it idle).
 set -euo pipefail
@@ -51,15 +53,23 @@ noisy_runs() {  # NOISE SEED
     fi
     $PY scripts/benchmark.py "${EVAL[@]}" "${SPLIT[@]}" "${COMMON[@]}" --output_dir $OUT --keep $KEEP \
         --staleness 3 --reference_model $REF --strategies $STRATEGIES
-    KEPT=$($PY -c "import json; print(json.load(open('$OUT/sb.json'))['stats']['kept_fraction'])")
+    KEPT=$KEEP  # SB's realised kept fraction where SB ran, else the one asked for
+    if [[ -f $OUT/sb.json ]]; then
+        KEPT=$($PY -c "import json; print(json.load(open('$OUT/sb.json'))['stats']['kept_fraction'])")
+    fi
     $PY scripts/benchmark.py "${EVAL[@]}" "${SPLIT[@]}" "${COMMON[@]}" --output_dir $OUT --strategies uniform --keep $KEPT
-    $PY scripts/benchmark.py "${EVAL[@]}" --max_train_samples $IMAGES "${COMMON[@]}" \
-        --output_dir $R/noise$NOISE/all-images/seed$SEED --strategies traditional
+    if [[ ${ALL_IMAGES:-1} == 1 ]]; then
+        $PY scripts/benchmark.py "${EVAL[@]}" --max_train_samples $IMAGES "${COMMON[@]}" \
+            --output_dir $R/noise$NOISE/all-images/seed$SEED --strategies traditional
+    fi
 }
 
 report() {  # NOISE
     $PY scripts/benchmark_seeds.py --root $R/noise$1 --title "CIFAR-10, $1 label noise: $REST training images \
 (reference: $HELD more), $MODEL, $EPOCHS epochs"
+}
+
+report_all_images() {  # NOISE
     $PY scripts/benchmark_seeds.py --root $R/noise$1/all-images \
         --title "CIFAR-10, $1 label noise: Traditional on all $IMAGES images, $MODEL, $EPOCHS epochs"
 }
@@ -76,4 +86,5 @@ for NOISE in ${NOISES:-0.2 0.1 0.01 0.0}; do
         noisy_runs $NOISE $SEED
     done
     [[ -n "${NO_REPORT:-}" ]] || report $NOISE
+    [[ -n "${NO_REPORT:-}" || ${ALL_IMAGES:-1} != 1 ]] || report_all_images $NOISE
 done

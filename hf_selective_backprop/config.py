@@ -212,11 +212,12 @@ class SelectiveBackpropArguments:
         },
     )
     sb_rho_rule: str = field(
-        default="topk",
+        default="cdf",
         metadata={
-            "help": "'rholoss': how reducible losses pick rows. 'topk' keeps the sb_keep highest of each "
-            "selection batch (RHO-LOSS's rule); 'cdf' keeps each with probability CDF(reducible loss)**beta, "
-            "the SB rule on reducible losses.",
+            "help": "'rholoss': how reducible losses pick rows. 'cdf' (default) keeps each with probability "
+            "CDF(reducible loss)**beta, the SB rule on reducible losses; 'topk' keeps the sb_keep highest of each "
+            "selection batch (RHO-LOSS's own rule). On CIFAR-10 with 0-20 % label noise 'cdf' ended about a "
+            "point more accurate in 7 of 8 runs (docs/benchmarks.md).",
             "choices": list(RHO_RULES),
         },
     )

@@ -72,7 +72,7 @@ def _losses(model: nn.Module, dataset: Dataset) -> torch.Tensor:
 def test_a_reference_equal_to_the_model_gives_zero_reducible_losses_before_the_first_step(output_dir):
     dataset = make_dataset(64)
     reference = TinyClassifier(seed=0)  # the same weights as the model being trained
-    trainer = _trainer(output_dir, dataset, reference)
+    trainer = _trainer(output_dir, dataset, reference, sb_rho_rule="topk")  # topk: two batches per step
     trainer.train()
 
     # Stored per id, equal to the reference's own loss on each (unaugmented) example.
@@ -89,7 +89,7 @@ def test_a_reference_equal_to_the_model_gives_zero_reducible_losses_before_the_f
 
 def test_rholoss_keeps_the_top_reducible_losses_of_each_selection_batch(output_dir):
     dataset = make_dataset(64)
-    trainer = _trainer(output_dir, dataset, TinyClassifier(seed=3))
+    trainer = _trainer(output_dir, dataset, TinyClassifier(seed=3), sb_rho_rule="topk")
     trainer.train()
     steps, first_batch = trainer.engine.ranked[0]
     assert steps == 0 and first_batch.numel() == 8
@@ -125,6 +125,7 @@ def test_mislabeled_examples_are_selected_far_less_often_by_rholoss_than_by_sb(t
         trainer = _trainer(
             str(tmp_path / strategy), dataset, reference if strategy == "rholoss" else None,
             sb_strategy=strategy, sb_keep=1 / 3, num_train_epochs=4, learning_rate=0.1,
+            **({"sb_rho_rule": "topk"} if strategy == "rholoss" else {}),
         )
         trainer.train()
         ids = torch.cat(trainer.trained_ids)

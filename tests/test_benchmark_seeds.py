@@ -73,3 +73,23 @@ def test_a_reference_models_cost_gets_its_own_column_and_stays_in_the_training_t
     header, _, traditional, rholoss = table.splitlines()[:4]
     assert header.endswith("reference model (s) |") and traditional.endswith("| - |")
     assert rholoss.endswith("| 50 ± 14 |") and "include its reference model's training" in table
+
+
+def test_the_noise_sweep_reads_each_level_against_its_own_traditional(tmp_path):
+    from hf_selective_backprop.benchmarks.noise_sweep import sweep, sweep_table, write_sweep_report
+
+    write(tmp_path / "noise0.2", 0, log("traditional", [0.5, 0.4], [10, 20]), log("rholoss", [0.6, 0.5], [5, 10]))
+    write(tmp_path / "noise0.2", 1, log("traditional", [0.5, 0.2], [10, 20]), log("rholoss", [0.6, 0.3], [5, 10]))
+    write(tmp_path / "noise0.2" / "all-images", 0, log("traditional", [0.5, 0.35], [12, 24]))
+    write(tmp_path / "noise0.0", 0, log("traditional", [0.3, 0.1], [10, 20]))
+    levels = sweep(str(tmp_path))
+    assert list(levels) == [0.2, 0.0]
+    rholoss = next(r for r in levels[0.2] if r["strategy"] == "rholoss")
+    assert rholoss["accuracy"] == pytest.approx((60.0, 10 * 2**0.5)) and rholoss["time_ratio"] == pytest.approx((2, 0))
+    table = sweep_table(levels).splitlines()
+    assert table[0] == "| strategy | 20 % noise | 0 % noise |"
+    assert table[2] == "| traditional | 70.00 ± 14.14 % (1.00x; 2 seeds) | 90.00 ± 0.00 % (1.00x; 1 seed) |"
+    assert table[3] == "| rholoss | 60.00 ± 14.14 % (2.00x; 2 seeds) | not run |"
+    assert table[4] == "| traditional, all images | 65.00 ± 0.00 % (1 seed) | not run |"
+    report = write_sweep_report(str(tmp_path), "sweep")
+    assert (tmp_path / "accuracy_vs_noise.png").stat().st_size > 0 and "| rholoss |" in open(report).read()

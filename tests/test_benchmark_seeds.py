@@ -91,5 +91,8 @@ def test_the_noise_sweep_reads_each_level_against_its_own_traditional(tmp_path):
     assert table[2] == "| traditional | 70.00 ± 14.14 % (1.00x; 2 seeds) | 90.00 ± 0.00 % (1.00x; 1 seed) |"
     assert table[3] == "| rholoss | 60.00 ± 14.14 % (2.00x; 2 seeds) | not run |"
     assert table[4] == "| traditional, all images | 65.00 ± 0.00 % (1 seed) | not run |"
-    report = write_sweep_report(str(tmp_path), "sweep")
-    assert (tmp_path / "accuracy_vs_noise.png").stat().st_size > 0 and "| rholoss |" in open(report).read()
+    report = write_sweep_report(str(tmp_path), "sweep", pairs=(("rholoss", "traditional"),))
+    text = open(report).read()
+    assert (tmp_path / "accuracy_vs_noise.png").stat().st_size > 0 and "| rholoss |" in text
+    # Seed 0: 50 % vs 60 %; seed 1: 70 % vs 80 %; the clean level has no rholoss run.
+    assert "rholoss ended above traditional in 0 of 2 (level, seed) pairs, by -10.00 points" in text

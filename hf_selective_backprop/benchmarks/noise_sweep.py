@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import glob
 import os
+import statistics
 
+from .logs import final_error
 from .seeds import load_seeds, summarize_seeds
 
 ALL_IMAGES = "traditional, all images"
@@ -29,9 +31,27 @@ def sweep(root: str) -> dict[float, list[dict]]:
     return dict(sorted(levels.items(), reverse=True))
 
 
+def _labels(levels: dict[float, list[dict]]) -> dict[str, str]:
+    return {row["strategy"]: row["label"] for rows in levels.values() for row in rows}
+
+
+def paired_wins(root: str, first: str, second: str) -> tuple[int, int, float]:
+    """Over every (noise level, seed) that ran both: how often ``first`` ended more accurate than ``second``,
+    of how many, and the mean accuracy difference in points."""
+    differences = [
+        100 * (final_error(logs[second]) - final_error(logs[first]))
+        for folder in glob.glob(os.path.join(root, "noise*"))
+        for logs in load_seeds(folder).values()
+        if first in logs and second in logs
+    ]
+    if not differences:
+        raise ValueError(f"no seed under {root} ran both {first!r} and {second!r}")
+    return sum(d > 0 for d in differences), len(differences), statistics.fmean(differences)
+
+
 def sweep_table(levels: dict[float, list[dict]]) -> str:
     """Strategies down, noise levels across: 'accuracy ± sd (time ratio vs Traditional; seeds)'."""
-    labels = {row["strategy"]: row["label"] for rows in levels.values() for row in rows}
+    labels = _labels(levels)
     header = "| strategy | " + " | ".join(f"{100 * level:g} % noise" for level in levels) + " |"
     lines = [header, "|---|" + "---|" * len(levels)]
     for name, label in labels.items():
@@ -56,8 +76,7 @@ def plot_sweep(levels: dict[float, list[dict]], path: str) -> str:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 4.5))
-    labels = {row["strategy"]: row["label"] for rows in levels.values() for row in rows}
-    for i, (name, label) in enumerate(labels.items()):
+    for i, (name, label) in enumerate(_labels(levels).items()):
         points = [(100 * level, r["accuracy"]) for level, rows in levels.items() for r in rows if r["strategy"] == name]
         points.sort()
         axis.errorbar([p[0] for p in points], [p[1][0] for p in points], yerr=[p[1][1] for p in points],
@@ -72,7 +91,9 @@ def plot_sweep(levels: dict[float, list[dict]], path: str) -> str:
     return path
 
 
-def write_sweep_report(root: str, title: str) -> str:
+def write_sweep_report(root: str, title: str, pairs: tuple[tuple[str, str], ...] = ()) -> str:
+    """report.md and accuracy_vs_noise.png in ``root``; ``pairs`` (first, second) add one line each saying how
+    often the first ended above the second, seed by seed."""
     levels = sweep(root)
     if not levels:
         raise ValueError(f"no noise<level>/seed<k>/<strategy>.json logs under {root}")
@@ -85,6 +106,12 @@ def write_sweep_report(root: str, title: str) -> str:
             "pass) and the number of seeds. Per-level tables, time to Traditional's error and plots: "
             "`noise<level>/report.md`.\n\n"
             + sweep_table(levels)
+            + "".join(
+                f"\n{first} ended above {second} in {wins} of {runs} (level, seed) pairs, by {mean:+.2f} points "
+                "on average.\n"
+                for first, second in pairs
+                for wins, runs, mean in [paired_wins(root, first, second)]
+            )
             + "\n![accuracy vs noise](accuracy_vs_noise.png)\n"
         )
     return path

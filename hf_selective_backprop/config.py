@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
+from .lr_schedule import check_milestones
 from .selectors import strategy_names
 
 SELECTION_MODES = ("eval", "train")
@@ -222,6 +223,21 @@ class SelectiveBackpropArguments:
         },
     )
 
+    lr_decay_milestones: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "Step decay on top of --lr_scheduler_type: the learning rate is multiplied by "
+            "--lr_decay_factor at each of these shares of the run, increasing and in (0, 1). The paper's CIFAR-10 "
+            "schedule (lr 0.1, divided by 5 at epochs 60/120/160 of 200) is --lr_scheduler_type constant "
+            "--lr_decay_milestones 0.3 0.6 0.8 --lr_decay_factor 0.2. Under selection the shares are of the "
+            "data read, so the decays fall on the same epochs whatever a strategy keeps. Default: no decay."
+        },
+    )
+    lr_decay_factor: float = field(
+        default=0.2,
+        metadata={"help": "Factor of each --lr_decay_milestones decay, in (0, 1]."},
+    )
+
     def __post_init__(self):
         # The training arguments' own checks first: the sb checks read their fields (batch sizes, max_steps).
         base_post_init = getattr(super(), "__post_init__", None)
@@ -257,6 +273,10 @@ class SelectiveBackpropArguments:
                     f"--sb_keep {self.sb_keep} and --sb_beta {self.sb_beta} disagree: beta keeps "
                     f"1/(beta+1) = {1.0 / (self.sb_beta + 1.0):.4f}; give only one of them"
                 )
+        if self.lr_decay_milestones is not None:
+            check_milestones(self.lr_decay_milestones, self.lr_decay_factor)
+            if str(getattr(self.lr_scheduler_type, "value", self.lr_scheduler_type)) == "reduce_lr_on_plateau":
+                fail("lr_scheduler_type", "a step-indexed schedule with --lr_decay_milestones", "reduce_lr_on_plateau")
         integer_at_least("sb_history_size", 1)
         if self.sb_history_size > MAX_HISTORY_SIZE:
             fail("sb_history_size", f"at most {MAX_HISTORY_SIZE:,} (the history allocates 4 bytes per loss up "

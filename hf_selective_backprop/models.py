@@ -9,6 +9,9 @@ from dataclasses import dataclass, field
 import timm
 from transformers import TimmWrapperConfig, TimmWrapperForImageClassification
 
+# Registers the 32x32-native networks (cifar_resnet20, cifar_convnet_half, ...) as timm architectures.
+from . import cifar_nets  # noqa: F401
+
 # The parts of timm's pretrained config that describe inputs and heads; URLs, licences
 # and test-time sizes of the ImageNet weights would only mislead for a CIFAR-sized model.
 _PRETRAINED_CFG_KEYS = ("interpolation", "first_conv", "classifier")
@@ -18,7 +21,9 @@ _PRETRAINED_CFG_KEYS = ("interpolation", "first_conv", "classifier")
 class ModelArguments:
     model: str = field(
         default="resnet18",
-        metadata={"help": "timm architecture, optionally with a weights tag (resnet18, resnet18.a1_in1k, ...)."},
+        metadata={"help": "timm architecture, optionally with a weights tag (resnet18, resnet18.a1_in1k, ...), or one "
+            "of this package's 32x32-native networks (cifar_resnet20, cifar_resnet20_w2, cifar_convnet, "
+            "cifar_convnet_half; hf_selective_backprop.cifar_nets)."},
     )
     pretrained: bool = field(
         default=False,

@@ -35,6 +35,7 @@ from .engine.plan import TrainingPlan
 from .engine.reference import IrreducibleLosses
 from .engine.scoring import SelectionScorer
 from .losses import check_per_example_loss, model_task, per_example_loss_for, weighted_loss
+from .lr_schedule import is_step_decay, step_decay
 from .selectors import build_selector
 
 __all__ = ["STATS_FILE", "WEIGHT_KEY", "SelectiveBackpropMixin", "SelectiveBackpropTrainer"]
@@ -304,6 +305,13 @@ class SelectiveBackpropMixin:
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         scheduler = super().create_scheduler(num_training_steps, optimizer)
+        milestones = getattr(self.args, "lr_decay_milestones", None)
+        if milestones and isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+            # Inside the progress mapping below, so the decays fall on shares of the data read.
+            scheduler.lr_lambdas = [
+                fn if is_step_decay(fn) else step_decay(fn, milestones, self.args.lr_decay_factor, num_training_steps)
+                for fn in scheduler.lr_lambdas
+            ]
         if self.selector is not None and isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
             # How many examples selection keeps drifts as losses fall, so the number of steps an
             # epoch makes is only known afterwards. The schedule follows the run's progress

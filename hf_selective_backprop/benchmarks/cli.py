@@ -24,7 +24,8 @@ class BenchmarkArguments:
     strategies: str = field(
         default=",".join(DEFAULT_STRATEGIES),
         metadata={
-            "help": "Comma-separated: traditional, sb, stale-sb, sb-warmup, kath18, composer, uniform, topk, "
+            "help": "Comma-separated: traditional, sb, stale-sb, sb-warmup, kath18, composer, composer-card, "
+            "uniform, uniform-for-<strategy> (uniform at --keep, named as the control of that strategy), topk, "
             "infobatch, infobatch-r<ratio>, rholoss, rholoss-cdf, stale-rholoss, sb-anneal, sb-anneal-floor, "
             "sb-anneal-weighted, stale-sb-anneal."
         },
@@ -76,6 +77,21 @@ class BenchmarkArguments:
     momentum: float = field(default=0.9, metadata={"help": "SGD momentum."})
     weight_decay: float = field(default=5e-4, metadata={"help": "Weight decay."})
     lr_scheduler_type: str = field(default="linear", metadata={"help": "LR schedule over each run's epochs."})
+    lr_decay_milestones: list[float] | None = field(
+        default=None,
+        metadata={
+            "help": "Step decay on top of --lr_scheduler_type at these shares of each run (the paper's CIFAR-10 "
+            "schedule: --lr_scheduler_type constant --lr_decay_milestones 0.3 0.6 0.8 --lr_decay_factor 0.2)."
+        },
+    )
+    lr_decay_factor: float = field(default=0.2, metadata={"help": "Factor of each --lr_decay_milestones decay."})
+    train_eval_samples: int = field(
+        default=0,
+        metadata={
+            "help": "Also log, at every evaluation, the accuracy and the share of losses below 0.1 on the first N "
+            "training images without augmentation (convergence evidence). 0: off."
+        },
+    )
     optim: str = field(
         default="sgd", metadata={"help": "Optimizer (a TrainingArguments --optim value; sgd uses --momentum)."}
     )
@@ -107,6 +123,12 @@ class BenchmarkArguments:
             raise ValueError("--protocol budget needs --paper_dir (the paper-protocol logs that give epoch costs)")
         if not 0.0 < self.keep <= 1.0:
             raise ValueError(f"--keep must be in (0, 1], got {self.keep}")
+        if self.train_eval_samples < 0:
+            raise ValueError(f"--train_eval_samples must be >= 0, got {self.train_eval_samples}")
+        if self.lr_decay_milestones is not None:
+            from ..lr_schedule import check_milestones
+
+            check_milestones(self.lr_decay_milestones, self.lr_decay_factor)
         if self.evals_per_epoch < 1:
             raise ValueError(f"--evals_per_epoch must be >= 1, got {self.evals_per_epoch}")
 
@@ -198,6 +220,9 @@ def main(args: BenchmarkArguments, load_workload: Callable[[int], Workload]) -> 
         optim=args.optim,
         warmup_steps=args.warmup_steps,
         evals_per_epoch=args.evals_per_epoch,
+        lr_decay_milestones=tuple(args.lr_decay_milestones) if args.lr_decay_milestones else None,
+        lr_decay_factor=args.lr_decay_factor,
+        train_eval_samples=args.train_eval_samples,
     )
     if todo:
         workload = load_workload(args.seed)

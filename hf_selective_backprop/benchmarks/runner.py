@@ -173,6 +173,8 @@ class BenchmarkTrainer(SelectiveBackpropTrainer):
         self.evals: list[dict] = []
         self.timings = {"train_step_seconds": 0.0, "optimizer_seconds": 0.0, "batch_seconds": 0.0}
         self.loop_seconds: tuple[float, float] | None = None  # (wall, CPU) at the last epoch's end
+        #: Unaugmented training rows whose fit every evaluation also measures (None: test split only).
+        self.fit_rows = None
         self.add_callback(_TimingCallback(self))
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -206,6 +208,7 @@ class BenchmarkTrainer(SelectiveBackpropTrainer):
                 "train_wall_seconds": train_wall,
                 "train_cpu_seconds": train_cpu,
                 "eval_wall_seconds": time.perf_counter() - start,
+                **(self._training_fit() if self.fit_rows is not None else {}),
             }
         )
         if self.turnstile is not None:
@@ -215,6 +218,30 @@ class BenchmarkTrainer(SelectiveBackpropTrainer):
                 self.turnstile.wait(self.run_name)
                 _set_rng_state(state)
         return metrics
+
+    def _training_fit(self) -> dict:
+        """Accuracy and the share of losses below `FIT_LOSS` on `fit_rows`, in eval mode (whether training
+        has converged: the paper's regime is one where most examples are learned)."""
+        model = self.accelerator.unwrap_model(self.model)
+        was_training = model.training
+        model.eval()
+        correct = low = 0
+        with self.clock.excluded(), torch.no_grad():
+            for start in range(0, len(self.fit_rows), self.args.per_device_eval_batch_size):
+                positions = list(range(start, min(start + self.args.per_device_eval_batch_size, len(self.fit_rows))))
+                batch = self.fit_rows.__getitems__(positions)
+                pixels = torch.stack([row["pixel_values"] for row in batch]).to(self.args.device)
+                labels = torch.stack([torch.as_tensor(row["labels"]) for row in batch]).to(self.args.device)
+                logits = model(pixel_values=pixels).logits
+                losses = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="none")
+                correct += int((logits.argmax(-1) == labels).sum())
+                low += int((losses < FIT_LOSS).sum())
+        model.train(was_training)
+        return {"train_accuracy": correct / len(self.fit_rows), "train_low_loss_share": low / len(self.fit_rows)}
+
+
+#: An example counts as learned below this loss (the issue's convergence evidence).
+FIT_LOSS = 0.1
 
 
 @dataclass
@@ -236,6 +263,11 @@ class RunSettings:
     evals_per_epoch: int = 1
     #: None: the GPU when there is one. A CPU-only measurement sets True.
     use_cpu: bool | None = None
+    #: Step decay (`lr_schedule`): shares of the run at which the learning rate is multiplied by the factor.
+    lr_decay_milestones: tuple[float, ...] | None = None
+    lr_decay_factor: float = 0.2
+    #: Unaugmented training rows (the first N) whose accuracy and loss every evaluation also logs; 0: none.
+    train_eval_samples: int = 0
 
 
 def _own_augmentation(dataset, seed: int):
@@ -251,6 +283,15 @@ def _own_augmentation(dataset, seed: int):
     view.transform = copy.copy(transform)
     view.transform.generator = torch.Generator().manual_seed(seed)
     return view
+
+
+def _fit_rows(dataset, count: int):
+    """The first ``count`` training rows without augmentation (an image dataset's `without_augmentation`)."""
+    if not hasattr(dataset, "without_augmentation"):
+        raise ValueError("--train_eval_samples needs an image dataset (one with without_augmentation())")
+    if count > len(dataset):
+        raise ValueError(f"--train_eval_samples {count} is more than the {len(dataset)} training rows")
+    return torch.utils.data.Subset(dataset.without_augmentation(), range(count))
 
 
 def _stats(trainer: BenchmarkTrainer) -> dict:
@@ -276,6 +317,8 @@ def make_config(
         optim=settings.optim,
         optim_args=f"momentum={settings.momentum}" if settings.optim.startswith("sgd") else None,
         lr_scheduler_type=settings.lr_scheduler_type,
+        lr_decay_milestones=list(settings.lr_decay_milestones) if settings.lr_decay_milestones else None,
+        lr_decay_factor=settings.lr_decay_factor,
         warmup_steps=settings.warmup_steps,
         # More than one evaluation per epoch: `_EvaluateEveryFraction` decides when.
         eval_strategy="epoch" if settings.evals_per_epoch == 1 else "no",
@@ -323,6 +366,8 @@ def run_strategy(
     if settings.evals_per_epoch > 1:
         trainer.add_callback(_EvaluateEveryFraction(settings.evals_per_epoch))
     trainer.turnstile, trainer.run_name = turnstile, strategy.name
+    if settings.train_eval_samples:
+        trainer.fit_rows = _fit_rows(workload.train, settings.train_eval_samples)
     load_before = os.getloadavg()
     wall0, cpu0 = time.perf_counter(), time.process_time()
     trainer.train()

@@ -73,10 +73,24 @@ def build_strategy(
         if stale:
             overrides["sb_staleness"] = staleness
         return Strategy(name, label.format(n=staleness), {**overrides, "sb_reference_model": reference_model})
+    if name == "composer-card":
+        # The setting Composer's method card recommends: selection from 50 % to 90 % of training, keep half,
+        # every other step a plain batch.
+        return Strategy(
+            name,
+            "Composer (start 0.5, end 0.9, keep 0.5, interrupt 2)",
+            {"sb_strategy": "composer", "sb_keep": 0.5, "sb_start": 0.5, "sb_end": 0.9, "sb_interrupt": 2},
+        )
+    if name.startswith("uniform-for-"):
+        # The random-subset control of another strategy, at the kept fraction (--keep) that strategy realised.
+        controlled = name.removeprefix("uniform-for-")
+        label = f"Uniform, keep {keep:.2f} (control of {controlled})"
+        return Strategy(name, label, {"sb_strategy": "uniform", "sb_keep": keep})
     if name in ("kath18", "composer", "uniform", "topk"):
         labels = {"kath18": "Kath18", "composer": "Composer", "uniform": "Uniform", "topk": "Top-k"}
         return Strategy(name, labels[name], {"sb_strategy": name, "sb_keep": keep})
     raise ValueError(
-        f"unknown strategy {name!r}: choose from traditional, sb, stale-sb, sb-warmup, kath18, composer, uniform, "
-        f"topk, infobatch, infobatch-r<ratio>, {', '.join(RHO_RULES)}, {', '.join(ANNEALED)}"
+        f"unknown strategy {name!r}: choose from traditional, sb, stale-sb, sb-warmup, kath18, composer, "
+        f"composer-card, uniform, uniform-for-<strategy>, topk, infobatch, infobatch-r<ratio>, "
+        f"{', '.join(RHO_RULES)}, {', '.join(ANNEALED)}"
     )

@@ -1,4 +1,5 @@
-"""docs/flags.md is what scripts/gen_flags_doc.py makes of SelectiveBackpropConfig, and documents every sb_* field."""
+"""docs/flags.md is what scripts/gen_flags_doc.py makes of SelectiveBackpropConfig, and documents every field
+SelectiveBackpropArguments adds (the sb_* flags and the step-decay flags)."""
 
 import dataclasses
 import runpy
@@ -12,7 +13,7 @@ REGENERATE = "run `python scripts/gen_flags_doc.py` to regenerate docs/flags.md"
 
 
 def sb_field_names() -> list[str]:
-    return [f.name for f in dataclasses.fields(SelectiveBackpropConfig) if f.name.startswith("sb_")]
+    return [f.name for f in dataclasses.fields(SelectiveBackpropConfig) if f.name.startswith(("sb_", "lr_decay_"))]
 
 
 def test_committed_flags_page_is_the_generated_one():

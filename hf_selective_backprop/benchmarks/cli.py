@@ -100,7 +100,10 @@ class BenchmarkArguments:
     )
     evals_per_epoch: int = field(
         default=1,
-        metadata={"help": "Evaluations per epoch of data read (more points on the error-vs-time curve of short runs)."},
+        metadata={
+            "help": "Evaluations per epoch of data read (more points on the error-vs-time curve of short runs); "
+            "0: one evaluation, after training (runs whose final error is all that is read)."
+        },
     )
     threads: int = field(
         default=1,
@@ -129,8 +132,8 @@ class BenchmarkArguments:
             from ..lr_schedule import check_milestones
 
             check_milestones(self.lr_decay_milestones, self.lr_decay_factor)
-        if self.evals_per_epoch < 1:
-            raise ValueError(f"--evals_per_epoch must be >= 1, got {self.evals_per_epoch}")
+        if self.evals_per_epoch < 0:
+            raise ValueError(f"--evals_per_epoch must be >= 0, got {self.evals_per_epoch}")
 
     def strategy_list(self) -> list[Strategy]:
         warmup = self.warmup_epochs if self.warmup_epochs is not None else int(self.num_train_epochs // 2)

@@ -1,0 +1,69 @@
+#!/bin/bash
+# The convergence-regime benchmark of docs/benchmarks.md ("Near convergence"): CIFAR-10, 5,000 training /
+# 2,000 test images, cifar_convnet_half (airbench94's layout at half width), 30 epochs of the paper's
+# schedule (SGD, lr 0.1 divided by 5 at 30/60/80 % of the run, momentum 0.9, weight decay 5e-4, batch 128,
+# crop + flip + cutout 16), in which Traditional plateaus. Strategies at the paper's settings, each with a
+# uniform control that trains as many examples (the backward fraction the strategy realised in that seed),
+# then a budget sweep at 10 and 20 epochs.
+# The sweep reuses seed 0's full-length runs as its longest budget.
+#
+# One command, restartable: a run whose <strategy>.json exists is skipped, so killing this and starting it
+# again goes on where it stopped (the run in progress starts over). Run it on an otherwise idle machine:
+# timing is the point. PARTS (main, sweep) and SEEDS choose what runs; the report is rebuilt after each part.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+R=${RESULTS:-benchmarks/results/cifar10-paper-regime}
+DATA=${DATA:-../shared/data}
+EPOCHS=${EPOCHS:-30}
+# Two threads: on an idle 2-core CPU a training step of this network takes 2.3 ms per image with two, 4.0 with
+# one (docs/benchmarks.md).
+COMMON=(--dataset "$DATA/cifar10" --max_train_samples 5000 --max_eval_samples 2000 --model cifar_convnet_half
+    --threads "${THREADS:-2}" --lr_scheduler_type constant --lr_decay_milestones 0.3 0.6 0.8 --lr_decay_factor 0.2
+    --interleave false)
+# SB and Stale-SB (n = 3) at the paper's keep 1/3; InfoBatch at its paper's r = 0.5, delta = 0.875; Composer's
+# recommended setting.
+STRATEGIES="traditional sb stale-sb infobatch composer-card"
+
+backward_fraction() {  # LOG: backward passes per example read
+    $PY -c "import json, sys; s = json.load(open(sys.argv[1]))['stats']; print(s['backwards'] / s['examples_seen'])" "$1"
+}
+
+run_with_controls() {  # OUTPUT_DIR SEED EPOCHS "STRATEGY..." "STRATEGY... GIVEN A UNIFORM CONTROL" [FLAGS...]
+    local OUT=$1 SEED=$2 E=$3 RUNS=$4 CONTROLLED=$5 S
+    shift 5
+    $PY scripts/benchmark.py "${COMMON[@]}" "$@" --num_train_epochs "$E" --seed "$SEED" --keep 0.3333333333 \
+        --staleness 3 --output_dir "$OUT" --strategies "${RUNS// /,}"
+    for S in $CONTROLLED; do
+        [[ -e $OUT/uniform-for-$S.json || ! -e $OUT/$S.json ]] && continue
+        $PY scripts/benchmark.py "${COMMON[@]}" "$@" --num_train_epochs "$E" --seed "$SEED" \
+            --keep "$(backward_fraction "$OUT/$S.json")" --output_dir "$OUT" --strategies "uniform-for-$S"
+    done
+}
+
+report() {
+    $PY scripts/paper_regime_report.py --root "$R"
+}
+
+for PART in ${PARTS:-main sweep}; do
+    case $PART in
+    main)
+        for SEED in ${SEEDS:-0 1 2}; do
+            run_with_controls "$R/seed$SEED" "$SEED" "$EPOCHS" "$STRATEGIES" "sb stale-sb infobatch composer-card" \
+                --train_eval_samples 500
+            report
+        done
+        ;;
+    sweep)  # seed 0 at a third and two thirds of the epochs (the full budget is seed 0's main runs); uniform
+        # controls of the smallest (SB) and a large (InfoBatch) backward fraction; only the final error is read
+        for E in ${SWEEP_EPOCHS:-10 20}; do
+            run_with_controls "$R/sweep/epochs$E" 0 "$E" "$STRATEGIES" "sb infobatch" --evals_per_epoch 0
+            report
+        done
+        ;;
+    *)
+        echo "unknown part $PART: main or sweep" >&2
+        exit 2
+        ;;
+    esac
+done

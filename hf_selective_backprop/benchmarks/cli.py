@@ -98,11 +98,12 @@ class BenchmarkArguments:
     warmup_steps: float = field(
         default=0.0, metadata={"help": "LR warm-up: steps, or a fraction of the run's steps when below 1."}
     )
-    evals_per_epoch: int = field(
-        default=1,
+    evals_per_epoch: float = field(
+        default=1.0,
         metadata={
-            "help": "Evaluations per epoch of data read (more points on the error-vs-time curve of short runs); "
-            "0: one evaluation, after training (runs whose final error is all that is read)."
+            "help": "Evaluations per epoch of data read: above 1, more points on the error-vs-time curve of short "
+            "runs; below 1, fewer on long ones (0.5: every 2nd epoch); 0: one evaluation, after training (runs "
+            "whose final error is all that is read)."
         },
     )
     threads: int = field(
@@ -132,7 +133,7 @@ class BenchmarkArguments:
             from ..lr_schedule import check_milestones
 
             check_milestones(self.lr_decay_milestones, self.lr_decay_factor)
-        if self.evals_per_epoch < 0:
+        if not 0 <= self.evals_per_epoch < float("inf"):
             raise ValueError(f"--evals_per_epoch must be >= 0, got {self.evals_per_epoch}")
 
     def strategy_list(self) -> list[Strategy]:

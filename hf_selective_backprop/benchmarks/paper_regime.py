@@ -344,7 +344,7 @@ def write_paper_regime_report(root: str, title: str) -> str:
         "evaluation excluded; ratios are each seed's against its own Traditional run. Cost-model time: backward "
         "passes x Traditional's seconds per backward pass + selection forwards x SB's seconds per selection "
         "forward, both measured in the same seed. Backward fraction: backward passes per example read. "
-        "Time to a target: the first evaluation (once per epoch) at or below that multiple of the same seed's "
+        "Time to a target: the first evaluation at or below that multiple of the same seed's "
         "Traditional final error; speedup = Traditional's time to it over the strategy's.\n",
         "![error vs time](error_vs_time.png)\n\n![error vs epoch](error_vs_epoch.png)\n",
         "## Against the uniform control of the same backward fraction\n",

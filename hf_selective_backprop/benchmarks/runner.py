@@ -144,7 +144,7 @@ class _EvaluateEveryFraction(TrainerCallback):
     read, not the steps it made), so every strategy is evaluated at the same points of its data.
     """
 
-    def __init__(self, evals_per_epoch: int):
+    def __init__(self, evals_per_epoch: float):
         self.every = 1.0 / evals_per_epoch
         self.next_mark = self.every
 
@@ -260,7 +260,7 @@ class RunSettings:
     optim: str = "sgd"
     warmup_steps: float = 0.0
     #: 0: no evaluation at all (throughput runs, `time_training`).
-    evals_per_epoch: int = 1
+    evals_per_epoch: float = 1.0
     #: None: the GPU when there is one. A CPU-only measurement sets True.
     use_cpu: bool | None = None
     #: Step decay (`lr_schedule`): shares of the run at which the learning rate is multiplied by the factor.
@@ -320,7 +320,7 @@ def make_config(
         lr_decay_milestones=list(settings.lr_decay_milestones) if settings.lr_decay_milestones else None,
         lr_decay_factor=settings.lr_decay_factor,
         warmup_steps=settings.warmup_steps,
-        # More than one evaluation per epoch: `_EvaluateEveryFraction` decides when.
+        # Other than one evaluation per epoch: `_EvaluateEveryFraction` decides when.
         eval_strategy="epoch" if settings.evals_per_epoch == 1 else "no",
         save_strategy="no",
         logging_steps=50,
@@ -363,7 +363,7 @@ def run_strategy(
         processing_class=workload.processing_class,
         compute_metrics=compute_metrics,
     )
-    if settings.evals_per_epoch > 1:
+    if settings.evals_per_epoch > 0 and settings.evals_per_epoch != 1:
         trainer.add_callback(_EvaluateEveryFraction(settings.evals_per_epoch))
     trainer.turnstile, trainer.run_name = turnstile, strategy.name
     if settings.train_eval_samples:

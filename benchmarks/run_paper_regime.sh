@@ -10,7 +10,8 @@
 #
 # One command, restartable: a run whose <strategy>.json exists is skipped, so killing this and starting it
 # again goes on where it stopped (the run in progress starts over). Run it on an otherwise idle machine:
-# timing is the point. PARTS (main, sweep) and SEEDS choose what runs; the report is rebuilt after each part.
+# timing is the point. PARTS (main, sweep, primed) and SEEDS choose what runs; the report is rebuilt after each
+# part. The committed results ran as PARTS=main SEEDS=0, then PARTS=sweep, PARTS=primed, PARTS=main SEEDS="1 2".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -46,7 +47,7 @@ report() {
     $PY scripts/paper_regime_report.py --root "$R"
 }
 
-for PART in ${PARTS:-main sweep}; do
+for PART in ${PARTS:-main sweep primed}; do
     case $PART in
     main)
         for SEED in ${SEEDS:-0 1 2}; do
@@ -62,8 +63,14 @@ for PART in ${PARTS:-main sweep}; do
             report
         done
         ;;
+    primed)  # the authors' code trains one epoch on all data before selecting: SB with that priming, seed 0
+        $PY scripts/benchmark.py "${COMMON[@]}" --train_eval_samples 500 --evals_per_epoch 0.5 \
+            --num_train_epochs "$EPOCHS" --seed 0 --keep 0.3333333333 --warmup_epochs 1 --output_dir "$R/seed0" \
+            --strategies sb-warmup
+        report
+        ;;
     *)
-        echo "unknown part $PART: main or sweep" >&2
+        echo "unknown part $PART: main, sweep or primed" >&2
         exit 2
         ;;
     esac

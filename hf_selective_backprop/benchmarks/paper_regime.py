@@ -70,7 +70,7 @@ def cost_model_seconds(log: dict, units: dict[str, float]) -> float:
 
 
 def plateau(log: dict) -> dict:
-    """Whether a run has converged by the issue's measure (needs evaluations with ``train_accuracy``)."""
+    """Whether a run has plateaued by the measure above (needs evaluations with ``train_accuracy``)."""
     evals = log["evals"]
     last_train = evals[-max(1, round(TRAIN_SHARE * len(evals))):]
     last_test = evals[-max(1, round(TEST_SHARE * len(evals))):]

@@ -240,7 +240,7 @@ class BenchmarkTrainer(SelectiveBackpropTrainer):
         return {"train_accuracy": correct / len(self.fit_rows), "train_low_loss_share": low / len(self.fit_rows)}
 
 
-#: An example counts as learned below this loss (the issue's convergence evidence).
+#: An example counts as learned below this loss (the share of such examples is convergence evidence).
 FIT_LOSS = 0.1
 
 

@@ -24,6 +24,8 @@ import statistics
 
 from .logs import BASELINE, CLOCKS, final_error, load_logs
 from .report import time_to_error
+from .seeds import _fmt as seeds_fmt
+from .seeds import _spread as seeds_spread
 from .seeds import load_seeds, provenance_summary
 
 FACTORS = (1.0, 1.1, 1.2, 1.4)
@@ -35,15 +37,12 @@ TEST_SHARE, TEST_MAX_DEVIATION = 0.20, 0.005
 
 
 def _spread(values: list[float]) -> tuple[float, float] | None:
-    if not values:
-        return None
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+    """`seeds`' mean and standard deviation, or None for no values (a strategy with no paired seed)."""
+    return seeds_spread(values) if values else None
 
 
 def _fmt(pair: tuple[float, float] | None, digits: int = 1, suffix: str = "") -> str:
-    if pair is None:
-        return "-"
-    return f"{pair[0]:.{digits}f} ± {pair[1]:.{digits}f}{suffix}"
+    return "-" if pair is None else seeds_fmt(pair, digits, suffix)
 
 
 def backward_fraction(log: dict) -> float:

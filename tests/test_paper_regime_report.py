@@ -4,6 +4,7 @@ import json
 import statistics
 
 import pytest
+import torch
 
 from hf_selective_backprop.benchmarks.paper_regime import (
     cost_model_seconds,
@@ -108,3 +109,21 @@ def test_report_has_every_section_and_figure(tmp_path):
     # The fastest run (the 2-epoch control, 6 s) starts the frontier; Traditional's 4 epochs (0.2) ends it.
     frontier = text.split("strategy owning the frontier")[1]
     assert frontier.index("UNIFORM-FOR-SB") < frontier.index("TRADITIONAL")
+
+
+def test_fit_rows_are_the_first_rows_unaugmented_and_refuse_bad_counts():
+    from tiny import make_image_dataset
+
+    from hf_selective_backprop.benchmarks.runner import _fit_rows
+
+    dataset = make_image_dataset(16)
+    pixels, labels = _fit_rows(dataset, 5)
+    plain = dataset.without_augmentation()
+    assert torch.equal(pixels, torch.stack([plain[i]["pixel_values"] for i in range(5)]))
+    assert torch.equal(labels, dataset.labels[:5])
+    # Unaugmented: the same rows twice give the same pixels (the training view crops and flips at random).
+    assert torch.equal(_fit_rows(dataset, 5)[0], pixels)
+    with pytest.raises(ValueError, match="more than the 16 training rows"):
+        _fit_rows(dataset, 17)
+    with pytest.raises(ValueError, match="needs an image dataset"):
+        _fit_rows(list(range(4)), 2)

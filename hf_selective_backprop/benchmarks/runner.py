@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import TrainerCallback, set_seed
+from transformers import TrainerCallback, default_data_collator, set_seed
 
 from ..cards import training_costs
 from ..config import SelectiveBackpropConfig
@@ -173,8 +173,9 @@ class BenchmarkTrainer(SelectiveBackpropTrainer):
         self.evals: list[dict] = []
         self.timings = {"train_step_seconds": 0.0, "optimizer_seconds": 0.0, "batch_seconds": 0.0}
         self.loop_seconds: tuple[float, float] | None = None  # (wall, CPU) at the last epoch's end
-        #: Unaugmented training rows whose fit every evaluation also measures (None: test split only).
-        self.fit_rows = None
+        #: (pixel_values, labels) of unaugmented training rows whose fit every evaluation also measures (None:
+        #: the test split only); decoded once, as the eval transform is deterministic.
+        self.fit_rows: tuple[torch.Tensor, torch.Tensor] | None = None
         self.add_callback(_TimingCallback(self))
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -225,19 +226,18 @@ class BenchmarkTrainer(SelectiveBackpropTrainer):
         model = self.accelerator.unwrap_model(self.model)
         was_training = model.training
         model.eval()
+        pixels, labels = self.fit_rows
         correct = low = 0
         with self.clock.excluded(), torch.no_grad():
-            for start in range(0, len(self.fit_rows), self.args.per_device_eval_batch_size):
-                positions = list(range(start, min(start + self.args.per_device_eval_batch_size, len(self.fit_rows))))
-                batch = self.fit_rows.__getitems__(positions)
-                pixels = torch.stack([row["pixel_values"] for row in batch]).to(self.args.device)
-                labels = torch.stack([torch.as_tensor(row["labels"]) for row in batch]).to(self.args.device)
-                logits = model(pixel_values=pixels).logits
-                losses = torch.nn.functional.cross_entropy(logits.float(), labels, reduction="none")
-                correct += int((logits.argmax(-1) == labels).sum())
+            for start in range(0, len(labels), self.args.per_device_eval_batch_size):
+                stop = start + self.args.per_device_eval_batch_size
+                targets = labels[start:stop].to(self.args.device)
+                logits = model(pixel_values=pixels[start:stop].to(self.args.device)).logits
+                losses = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
+                correct += int((logits.argmax(-1) == targets).sum())
                 low += int((losses < FIT_LOSS).sum())
         model.train(was_training)
-        return {"train_accuracy": correct / len(self.fit_rows), "train_low_loss_share": low / len(self.fit_rows)}
+        return {"train_accuracy": correct / len(labels), "train_low_loss_share": low / len(labels)}
 
 
 #: An example counts as learned below this loss (the share of such examples is convergence evidence).
@@ -285,13 +285,15 @@ def _own_augmentation(dataset, seed: int):
     return view
 
 
-def _fit_rows(dataset, count: int):
-    """The first ``count`` training rows without augmentation (an image dataset's `without_augmentation`)."""
+def _fit_rows(dataset, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``count`` training rows without augmentation (an image dataset's `without_augmentation`),
+    as one batch of pixel values and labels."""
     if not hasattr(dataset, "without_augmentation"):
         raise ValueError("--train_eval_samples needs an image dataset (one with without_augmentation())")
     if count > len(dataset):
         raise ValueError(f"--train_eval_samples {count} is more than the {len(dataset)} training rows")
-    return torch.utils.data.Subset(dataset.without_augmentation(), range(count))
+    batch = default_data_collator(dataset.without_augmentation().__getitems__(list(range(count))))
+    return batch["pixel_values"], batch["labels"]
 
 
 def _stats(trainer: BenchmarkTrainer) -> dict:

@@ -10,8 +10,8 @@
 #
 # One command, restartable: a run whose <strategy>.json exists is skipped, so killing this and starting it
 # again goes on where it stopped (the run in progress starts over). Run it on an otherwise idle machine:
-# timing is the point. PARTS (main, sweep, primed) and SEEDS choose what runs; the report is rebuilt after each
-# part. The committed results ran as PARTS=main SEEDS=0, then PARTS=sweep, PARTS=primed, PARTS=main SEEDS="1 2".
+# timing is the point. PARTS (main, sweep, primed, trainmode) and SEEDS choose what runs; the report is rebuilt
+# after each part. The committed results ran as PARTS="main sweep primed" SEEDS="0 1 2", then PARTS=trainmode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -47,7 +47,7 @@ report() {
     $PY scripts/paper_regime_report.py --root "$R"
 }
 
-for PART in ${PARTS:-main sweep primed}; do
+for PART in ${PARTS:-main sweep primed trainmode}; do
     case $PART in
     main)
         for SEED in ${SEEDS:-0 1 2}; do
@@ -69,8 +69,16 @@ for PART in ${PARTS:-main sweep primed}; do
             --strategies sb-warmup
         report
         ;;
+    trainmode)  # SB with its selection forward in train mode (BatchNorm statistics of every example read), each
+        # seed beside its own uniform control
+        for SEED in ${SEEDS:-0 1 2}; do
+            run_with_controls "$R/seed$SEED" "$SEED" "$EPOCHS" sb-train-mode sb-train-mode \
+                --train_eval_samples 500 --evals_per_epoch 0.5
+        done
+        report
+        ;;
     *)
-        echo "unknown part $PART: main, sweep or primed" >&2
+        echo "unknown part $PART: main, sweep, primed or trainmode" >&2
         exit 2
         ;;
     esac

@@ -38,7 +38,7 @@ class Strategy:
 def build_strategy(
     name: str, keep: float, staleness: int, warmup_epochs: int, reference_model: str | None = None
 ) -> Strategy:
-    """`name` is one of traditional, sb, stale-sb, kath18, composer, uniform, topk, sb-warmup, rholoss,
+    """`name` is one of traditional, sb, stale-sb, kath18, composer, uniform, topk, sb-warmup, sb-train-mode, rholoss,
     rholoss-cdf, stale-rholoss; the last three score with ``reference_model`` (a folder scripts/train.py wrote)."""
     if name == "traditional":
         return Strategy(name, "Traditional", {"sb_strategy": "none"})
@@ -54,6 +54,11 @@ def build_strategy(
             f"SB after {warmup_epochs} full epochs",
             {"sb_strategy": "sb", "sb_keep": keep, "sb_warmup_epochs": warmup_epochs},
         )
+    if name == "sb-train-mode":
+        # The selection forward in train mode: BatchNorm normalises each selection batch by its own statistics and
+        # its running statistics follow every example read, not only the kept (hard) ones the training forwards see.
+        overrides = {"sb_strategy": "sb", "sb_keep": keep, "sb_selection_mode": "train"}
+        return Strategy(name, "SB, selection forward in train mode", overrides)
     if name == "infobatch":
         return Strategy(name, "InfoBatch", {"sb_strategy": "infobatch"})
     if name.startswith("infobatch-r"):  # e.g. infobatch-r0.7: another prune ratio
@@ -90,7 +95,7 @@ def build_strategy(
         labels = {"kath18": "Kath18", "composer": "Composer", "uniform": "Uniform", "topk": "Top-k"}
         return Strategy(name, labels[name], {"sb_strategy": name, "sb_keep": keep})
     raise ValueError(
-        f"unknown strategy {name!r}: choose from traditional, sb, stale-sb, sb-warmup, kath18, composer, "
-        f"composer-card, uniform, uniform-for-<strategy>, topk, infobatch, infobatch-r<ratio>, "
+        f"unknown strategy {name!r}: choose from traditional, sb, stale-sb, sb-warmup, sb-train-mode, kath18, "
+        f"composer, composer-card, uniform, uniform-for-<strategy>, topk, infobatch, infobatch-r<ratio>, "
         f"{', '.join(RHO_RULES)}, {', '.join(ANNEALED)}"
     )

@@ -44,6 +44,7 @@ STATS_KEYS = (
     "backwards",
     "optimizer_steps",
     "kept_fraction",
+    "queued_at_end",
     "train_seconds",
     "examples_seen",
     "reference_forwards",
@@ -64,6 +65,9 @@ def render_model_card(
     dataset: str | os.PathLike | None = None,
     accuracy: float | None = None,
     eval_split: str | None = None,
+    eval_loss: float | None = None,
+    token_accuracy: float | None = None,
+    library_versions: Mapping[str, str] | None = None,
     num_train_examples: int | None = None,
     model_name: str | None = None,
     model_class: str | None = None,
@@ -82,7 +86,9 @@ def render_model_card(
     "n/a". ``task`` is the pipeline tag (one of `TASKS`). ``dataset`` may be a name, a Hub id or a
     local folder: only a Hub id reaches the card (see `hub_dataset_id`); so does ``base_model``
     only when it is a Hub id, not a local folder. ``hyperparameters`` and
-    ``eval_lines`` are the Trainer's own sections (see `write_trainer_card`).
+    ``eval_lines`` are the Trainer's own sections (see `write_trainer_card`). The results headline is the
+    run's own metric: ``accuracy``, else ``token_accuracy`` (SFT's mean token accuracy), else ``eval_loss``.
+    ``library_versions`` adds to the versions listed (a trainer's own library, such as TRL).
     """
     if task not in TASKS:
         raise ValueError(f"task {task!r} has no card: choose from {', '.join(TASKS)}")
@@ -118,7 +124,7 @@ def render_model_card(
         base_model=base_model,
         repo_id=repo_id or model_name,
         eval_split=eval_split or "evaluation set",
-        accuracy=_percent(accuracy),
+        headline=_headline(accuracy, token_accuracy, eval_loss),
         stats={key: _format(stats.get(key)) for key in STATS_KEYS} | {"kept_fraction": _percent(kept)},
         backward_fraction=_percent(backwards / full_pass if backwards is not None and full_pass else None),
         full_pass_backwards=_format(full_pass),
@@ -128,7 +134,7 @@ def render_model_card(
         sb_settings={name: _cell(value) for name, value in sb_settings(args).items()},
         hyperparameters=dict(hyperparameters or {}),
         eval_table=_markdown_table(eval_lines),
-        versions=_versions(),
+        versions={**_versions(), **(library_versions or {})},
     )
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / "README.md"
@@ -182,6 +188,9 @@ def write_trainer_card(
         dataset=next((i for i in ids if i), None),
         accuracy=_last_logged(trainer, "eval_accuracy"),
         eval_split=eval_split,
+        eval_loss=_last_logged(trainer, "eval_loss"),
+        token_accuracy=_last_logged(trainer, "eval_mean_token_accuracy"),
+        library_versions=_trainer_library_versions(trainer),
         num_train_examples=len(trainer.train_dataset) if has_length(trainer.train_dataset) else None,
         model_name=model_name,
         base_model=finetuned_from or getattr(config, "_name_or_path", None),
@@ -326,6 +335,24 @@ def _versions() -> dict[str, str]:
         "PyTorch": torch.__version__,
         "Datasets": datasets.__version__,
     }
+
+
+def _headline(accuracy: float | None, token_accuracy: float | None, loss: float | None) -> tuple[str, str]:
+    """(metric, value) of the card's results table: the run's own measure of quality."""
+    if accuracy is None and token_accuracy is not None:
+        return "mean token accuracy", _percent(token_accuracy)
+    if accuracy is None and loss is not None:
+        return "loss", f"{loss:.4f}"
+    return "accuracy", _percent(accuracy)
+
+
+def _trainer_library_versions(trainer) -> dict[str, str]:
+    """The version of TRL when the trainer is one of its classes (SFTTrainer and the like)."""
+    if any(cls.__module__.split(".")[0] == "trl" for cls in type(trainer).__mro__):
+        import trl
+
+        return {"TRL": trl.__version__}
+    return {}
 
 
 def _listify(value: str | list[str] | None) -> list[str]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import warnings
 from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
@@ -52,7 +53,8 @@ class SelectiveBackpropArguments:
     sb_keep: float | None = field(
         default=None,
         metadata={
-            "help": "Fraction of examples to train on, in (0, 1], for every strategy. For 'sb' it sets "
+            "help": "Fraction of examples to train on, in (0, 1], for every strategy but 'infobatch' (which "
+            "prunes by --sb_prune_ratio and warns that --sb_keep does not apply). For 'sb' it sets "
             "beta = 1/keep - 1; for 'kath18' presample = 1/keep. Default: 1/(sb_beta+1) if sb_beta is "
             "given, else 1/3 (the paper's CIFAR-10 selectivity)."
         },
@@ -316,6 +318,20 @@ class SelectiveBackpropArguments:
         if self.sb_strategy != "none" and self.max_steps <= 0 and not self.num_train_epochs > 0:
             # Zero epochs would train nothing, then save the untrained model (and its card) as the run's.
             fail("num_train_epochs", "> 0 (or set --max_steps) for a run with selection", self.num_train_epochs)
+        if self.sb_strategy != "none" and self.sb_warmup_epochs and self.max_steps <= 0 and (
+                self.sb_warmup_epochs >= self.num_train_epochs):
+            warnings.warn(
+                f"--sb_warmup_epochs {self.sb_warmup_epochs} covers the whole run (--num_train_epochs "
+                f"{self.num_train_epochs}): every example is trained and --sb_strategy {self.sb_strategy} never "
+                "selects; lower --sb_warmup_epochs, or train longer",
+                UserWarning, stacklevel=2,
+            )
+        if self.sb_strategy == "infobatch" and self.sb_keep is not None:
+            warnings.warn(
+                f"--sb_keep {self.sb_keep} does not apply to --sb_strategy infobatch, which prunes a random "
+                f"--sb_prune_ratio ({self.sb_prune_ratio}) of the examples below the mean loss; set that instead",
+                UserWarning, stacklevel=2,
+            )
         if self.sb_history_scope not in HISTORY_SCOPES:
             fail("sb_history_scope", f"one of {', '.join(HISTORY_SCOPES)}", self.sb_history_scope)
         if self.sb_strategy != "none" and self.train_sampling_strategy in ("group_by_length", "batch_rebalance"):

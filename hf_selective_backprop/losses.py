@@ -129,7 +129,7 @@ class ExampleLoss:
             return self._token_losses(logits[:, :-1], labels[:, 1:])
         if self.task in ("token-classification", "seq2seq-lm"):
             return self._token_losses(logits, labels)
-        problem_type = self.problem_type(labels)
+        problem_type = self.problem_type(labels, logits)
         if problem_type == "single_label_classification":
             if labels.dtype.is_floating_point and labels.shape == logits.shape:
                 # Class probabilities (soft targets): one item per example.
@@ -150,13 +150,21 @@ class ExampleLoss:
             items = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
         return items.sum(dim=1), torch.full_like(items[:, 0], items.shape[1])
 
-    def problem_type(self, labels: torch.Tensor) -> str:
+    def problem_type(self, labels: torch.Tensor, logits: torch.Tensor | None = None) -> str:
         """transformers' rule: the config's problem_type, else regression for one output, else
         single-label for int32/int64 labels and multi-label for any other. A model without a config
-        is single-label."""
+        is single-label.
+
+        One output means ``num_labels == 1`` or, whatever ``num_labels`` says, float labels beside logits
+        with one value per example: a custom regression model keeps the config's default of 2 labels,
+        and binary cross-entropy on its outputs would rank examples by a loss it never trains on.
+        """
         problem_type = getattr(self.config, "problem_type", None)
         if problem_type is not None:
             return problem_type
+        one_output = logits is not None and logits.dim() >= 1 and logits.numel() == logits.shape[0]
+        if labels.dtype.is_floating_point and one_output and labels.numel() == labels.shape[0]:
+            return "regression"
         num_labels = getattr(self.config, "num_labels", None)
         if num_labels is None:
             return "single_label_classification"
@@ -229,29 +237,40 @@ def recognized_head(model) -> bool:
 
 def check_per_example_loss(model, scorer, make_batch: Callable[[], dict], index_column: str,
                            sources: dict, loss_fn: PerExampleLoss) -> None:
-    """Score one small batch with ``scorer`` and raise a ValueError naming the model class and
-    ``per_example_loss_func`` unless it gives a tensor of one loss per example.
+    """Score one small batch and raise a ValueError naming the model class and ``per_example_loss_func``
+    unless the automatic per-example loss fits the model.
 
-    ``make_batch`` collates the batch; the random state it may draw from (the global RNG and the
-    ``state_dict`` of ``sources``: an augmenting dataset or collator) is restored afterwards, so the
-    check changes nothing a run depends on. Models that `recognized_head` knows are not checked.
+    Two checks: ``scorer`` must give a tensor of one loss per example (skipped for the heads
+    `recognized_head` knows), and the per-example losses must average to the loss the model itself
+    returns on those rows (`check_agrees_with_model_loss`). ``make_batch`` collates the batch; the random
+    state it may draw from (the global RNG and the ``state_dict`` of ``sources``: an augmenting dataset or
+    collator) is restored afterwards, so the check changes nothing a run depends on.
     """
-    if not isinstance(loss_fn, ExampleLoss) or recognized_head(model):
+    if not isinstance(loss_fn, ExampleLoss):
         return
     saved = {name: copy.deepcopy(source.state_dict()) for name, source in sources.items()}
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     try:
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=_cuda_devices()):
             batch = make_batch()
     finally:
         for name, source in sources.items():
             source.load_state_dict(saved[name])
     inputs = {key: value for key, value in batch.items() if key != index_column}
+    if not recognized_head(model):
+        _check_scorer_shape(model, scorer, inputs, loss_fn)
+    check_agrees_with_model_loss(model, inputs, loss_fn, scorer.label_name)
+
+
+def _cuda_devices() -> list[int]:
+    return [torch.cuda.current_device()] if torch.cuda.is_available() else []
+
+
+def _check_scorer_shape(model, scorer, inputs: dict, loss_fn: ExampleLoss) -> None:
     rows = len(next(iter(inputs.values())))
     advice = (f"the automatic per-example loss ({loss_fn.task}) does not fit the outputs of {type(model).__name__}"
               ": pass per_example_loss_func=(outputs, labels) -> a tensor with one loss per example")
     try:
-        with torch.random.fork_rng(devices=devices):
+        with torch.random.fork_rng(devices=_cuda_devices()):
             losses = scorer(model, inputs)
     except (KeyError, IndexError, RuntimeError, ValueError) as error:
         if isinstance(error, ValueError) and "per_example_loss_func" not in str(error):
@@ -259,6 +278,62 @@ def check_per_example_loss(model, scorer, make_batch: Callable[[], dict], index_
         raise ValueError(f"{advice} ({type(error).__name__}: {error})") from error
     if losses.shape != (rows,):
         raise ValueError(f"{advice} (it gave shape {tuple(losses.shape)} for a batch of {rows})")
+
+
+def own_loss(outputs) -> torch.Tensor | None:
+    """The loss a model returned beside its outputs (a ``loss`` entry, or a tuple's leading scalar), if any."""
+    if isinstance(outputs, dict) or hasattr(outputs, "loss"):
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs.loss
+    elif isinstance(outputs, (tuple, list)) and outputs:
+        loss = outputs[0]
+    else:
+        return None
+    return loss if torch.is_tensor(loss) and loss.dim() == 0 else None
+
+
+#: How far the mean per-example loss may sit from the model's own loss: float32 against the model's own
+#: reduction (or a half-precision one); a loss of another kind is off by far more.
+AGREEMENT_RTOL, AGREEMENT_ATOL = 1e-2, 1e-4
+
+
+def check_agrees_with_model_loss(model, inputs: dict, loss_fn: ExampleLoss, label_name: str) -> None:
+    """Raise a ValueError unless ``loss_fn``'s per-example losses of ``inputs`` average to the model's own loss.
+
+    The average is the model's reduction (loss items summed over the batch, divided by their count), taken
+    without label smoothing, which the Trainer applies outside the model. A model that returns no loss, or
+    cannot be called with these inputs and their labels, is not compared (the Trainer's first step says why).
+    """
+    labels = inputs.get(label_name)
+    if labels is None:
+        return
+    was_training = model.training
+    model.eval()  # no dropout, no update of BatchNorm statistics
+    try:
+        with torch.no_grad(), torch.random.fork_rng(devices=_cuda_devices()):
+            outputs = model(**inputs)
+    except (TypeError, RuntimeError, ValueError, KeyError):
+        return
+    finally:
+        model.train(was_training)
+    expected = own_loss(outputs)
+    if expected is None or not bool(torch.isfinite(expected)):
+        return
+    unsmoothed = copy.copy(loss_fn)
+    unsmoothed.label_smoothing = 0.0
+    sums, counts = unsmoothed.sums_and_counts(outputs, labels)
+    if float(counts.sum()) == 0:
+        return
+    mean = (sums.sum() / counts.sum()).float()
+    if not bool(torch.isclose(mean, expected.detach().float().to(mean.device), AGREEMENT_RTOL, AGREEMENT_ATOL)):
+        kind = loss_fn.task
+        if kind == "classification":
+            kind = loss_fn.problem_type(labels, logits_of(outputs))
+        raise ValueError(
+            f"the automatic per-example loss ({kind}) of {type(model).__name__}'s outputs averages {float(mean):.6g} "
+            f"on the first training rows, where the model's own loss is {float(expected):.6g}: selection would rank "
+            "examples by a loss the model does not train on. Pass per_example_loss_func=(outputs, labels) -> one "
+            "loss per example whose mean is the model's loss (or set the config's problem_type, e.g. 'regression')"
+        )
 
 
 def _names(mapping) -> set[str]:

@@ -10,6 +10,8 @@ refresh), logging and checkpoints.
 
 from __future__ import annotations
 
+import inspect
+import logging
 import os
 import sys
 import time
@@ -23,13 +25,13 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
 from .config import SelectiveBackpropArguments
 from .engine import SelectionEngine, checkpointing, distributed, reference, rotation, run_record
-from .engine.accounting import STATS_FILE, TIMINGS, run_summary, write_stats
+from .engine.accounting import STATS_FILE, TIMINGS, end_of_run_notes, run_summary, write_stats
 from .engine.callback import SelectionFlowCallback
-from .engine.checkpoints import require_complete_checkpoint
+from .engine.checkpoints import require_complete_checkpoint, require_resumable
 from .engine.data_state import DataState, stateful_sources
 from .engine.engine import WEIGHT_KEY, check_rows
 from .engine.epoch_plan import PlannedSampler
-from .engine.indexing import ids_by_position, keeping_ids, with_index_column
+from .engine.indexing import check_column_ids, ids_by_position, keeping_ids, with_index_column
 from .engine.padding import queue_padding
 from .engine.plan import TrainingPlan
 from .engine.reference import IrreducibleLosses
@@ -39,6 +41,8 @@ from .lr_schedule import is_step_decay, step_decay
 from .selectors import build_selector
 
 __all__ = ["STATS_FILE", "WEIGHT_KEY", "SelectiveBackpropMixin", "SelectiveBackpropTrainer"]
+
+logger = logging.getLogger(__name__)
 
 
 class SelectiveBackpropMixin:
@@ -61,6 +65,8 @@ class SelectiveBackpropMixin:
     #: The arguments class that error messages suggest.
     config_class_name = "SelectiveBackpropConfig"
     _reference_pass: reference.ReferencePass | None = None
+    #: (ids, weights) of the micro-batch in training_step, until compute_loss reads them.
+    _step_extras: tuple | None = None
 
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -78,7 +84,6 @@ class SelectiveBackpropMixin:
         # The label smoother's factor: the Trainer drops it for multi-label classification.
         smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
         self.per_example_loss_func = per_example_loss_func or self._automatic_per_example_loss(smoothing)
-        self.add_callback(rotation.RunCheckpoints())  # with selection off too: rotation must spare others' folders
         self.selector = build_selector(self.args)
         if reference_model is not None and (self.selector is None or not self.selector.uses_reference_losses):
             raise ValueError(
@@ -86,18 +91,22 @@ class SelectiveBackpropMixin:
                 f"{self.args.sb_strategy!r})"
             )
         if self.selector is None:
-            return
+            return  # the Trainer itself, callbacks, rotation and checkpoint files included
+        self.add_callback(rotation.RunCheckpoints())
         self._refuse_unsupported_parallelism()
         if self.train_dataset is not None:
             if isinstance(self.train_dataset, torch.utils.data.IterableDataset) and self.args.sb_staleness > 1:
                 raise ValueError("--sb_staleness > 1 needs a map-style dataset: an IterableDataset has no stable ids")
+            self._refuse_index_column_the_model_reads()
             self.train_dataset = with_index_column(self.train_dataset, self.args.sb_index_column)
+            check_column_ids(self.train_dataset, self.args.sb_index_column)  # bad ids named now, by row
         # A loss the user wrote scores the reference too: both sides of the reducible loss must be one kind.
         self._reference_loss_func = per_example_loss_func
         self._reference = self._irreducible_source(reference_model)
         # In the default flow's place: an epoch-based run ends when its data does (engine/callback.py).
         self.remove_callback(DefaultFlowCallback)
-        self.callback_handler.callbacks.insert(0, SelectionFlowCallback(self))
+        self._flow_callback = SelectionFlowCallback(self)
+        self.callback_handler.callbacks.insert(0, self._flow_callback)
         self.engine = self._build_engine()
         selector = self.selector
         if per_example_loss_func is None and (
@@ -128,6 +137,25 @@ class SelectiveBackpropMixin:
             self.model, self.engine.scorer, first_rows, self.args.sb_index_column,
             stateful_sources(self.train_dataset, self.data_collator), self.per_example_loss_func,
         )
+
+    def _refuse_index_column_the_model_reads(self) -> None:
+        """The ids go under ``--sb_index_column`` and never reach the model: a label column there would train on
+        row numbers (``label`` becomes the ``labels`` the model trains on), a required input would be missing. An
+        optional input (``index=None``) may share the name."""
+        column = self.args.sb_index_column
+        labels = {*(self.label_names or []), "label", "label_ids", "labels"}
+        try:
+            parameter = inspect.signature(self.model.forward).parameters.get(column)
+        except (TypeError, ValueError):
+            parameter = None
+        required = parameter is not None and parameter.default is inspect.Parameter.empty and parameter.kind not in (
+            inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        if column in labels or required:
+            what = "a label column" if column in labels else f"a required input of {type(self.model).__name__}"
+            raise ValueError(
+                f"--sb_index_column {column!r} names {what}: the example ids need a column of their own, which the "
+                "model never receives; pass another name, e.g. --sb_index_column index"
+            )
 
     def _irreducible_source(self, reference_model) -> IrreducibleLosses | torch.nn.Module | None:
         """For 'rholoss': the irreducible losses of a column, or the reference model that will score them.
@@ -339,8 +367,10 @@ class SelectiveBackpropMixin:
         epochs_trained, skipped = super()._init_training_state(
             max_steps, steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
         )
-        rotation.restore(rotation.record_of(self), self.state)
-        if self.selector is None or resume_from_checkpoint is None:
+        if self.selector is None:
+            return epochs_trained, skipped
+        rotation.restore(rotation.record_of(self), self.state, resume_from_checkpoint, self.args.output_dir)
+        if resume_from_checkpoint is None:
             return epochs_trained, skipped
         checkpointing.load(self.engine, resume_from_checkpoint, self.args.ignore_data_skip)
         # The Trainer's skip counts batches as a fixed multiple of optimizer steps, which selection
@@ -385,12 +415,38 @@ class SelectiveBackpropMixin:
             return wrapped
         return inner
 
+    def training_step(self, model, inputs, *args, **kwargs):
+        if self.selector is None:
+            return super().training_step(model, inputs, *args, **kwargs)
+        # The ids and weights travel beside the model's inputs, not in them: a compute_loss override that
+        # does not call this one (as in transformers' docs) hands its inputs straight to the model.
+        inputs = dict(inputs)
+        self._step_extras = (inputs.pop(self.args.sb_index_column, None), inputs.pop(WEIGHT_KEY, None))
+        try:
+            loss = super().training_step(model, inputs, *args, **kwargs)
+            unread = self._step_extras
+        finally:
+            self._step_extras = None
+        ids, weights = unread if unread is not None else (None, None)
+        if weights is not None or (ids is not None and self.engine.records_training_losses):
+            lost = "its example weights" if weights is not None else "the refresh of its stored losses"
+            raise RuntimeError(
+                f"{type(self).__name__}.compute_loss did not call SelectiveBackpropMixin.compute_loss, so "
+                f"--sb_strategy {self.args.sb_strategy} lost {lost}: an override of compute_loss must call "
+                "super().compute_loss(model, inputs, return_outputs, num_items_in_batch) (docs/usage.md, "
+                "'Overriding compute_loss')"
+            )
+        return loss
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.selector is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         inputs = dict(inputs)
         ids = inputs.pop(self.args.sb_index_column, None)
         weights = inputs.pop(WEIGHT_KEY, None)
+        if model.training and self._step_extras is not None:
+            ids, weights = self._step_extras
+            self._step_extras = None
         labels = inputs.get(self.label_name)
         refresh = self.engine.records_training_losses and ids is not None
         if not (model.training and labels is not None and (weights is not None or refresh)):
@@ -455,9 +511,13 @@ class SelectiveBackpropMixin:
         if self.selector is not None and resume_from_checkpoint is True:
             # transformers picks the highest checkpoint-N folder, even one a killed run left half written.
             resume_from_checkpoint = require_complete_checkpoint(self.args.output_dir)
+        if self.selector is not None and isinstance(resume_from_checkpoint, str):
+            require_resumable(resume_from_checkpoint)
         try:
             output = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
+            if self.selector is not None:
+                self._flow_callback.stop_filtering()
             if hasattr(self, "_hidden_save_total_limit"):  # see _load_best_model
                 self.args.save_total_limit = self._hidden_save_total_limit
                 del self._hidden_save_total_limit
@@ -466,6 +526,12 @@ class SelectiveBackpropMixin:
             # gives such a run's counters).
             self.sb_stats = {**self.selection_summary(), "strategy": self.args.sb_strategy}
             self.sb_stats["expected_steps"] = self._expected_steps
+            self.sb_stats["queued_at_end"] = int(
+                distributed.sum_over_processes(self.accelerator, {"rows": len(self.engine.queue)})["rows"]
+            )
+            notes = end_of_run_notes(self.sb_stats, self.selector.expected_keep_fraction(), self.args.sb_history_size)
+            for note in notes if self.args.should_log else []:
+                logger.warning(note)
             output.metrics.update({f"sb/{k}": v for k, v in self.sb_stats.items()})
             if self.args.should_save:
                 write_stats(self.sb_stats, os.path.join(self.args.output_dir, STATS_FILE))
@@ -480,6 +546,8 @@ class SelectiveBackpropMixin:
     # ---- checkpoints ---------------------------------------------------------------------------
 
     def _save_checkpoint(self, model, trial):
+        if self.selector is None:
+            return super()._save_checkpoint(model, trial)
         # The Trainer's rotation would delete every checkpoint-* folder of output_dir, a previous run's or a
         # user's included: rotate among this run's own instead (hf_selective_backprop.engine.rotation).
         record, run_dir = rotation.record_of(self), self._get_output_dir(trial)
@@ -495,7 +563,7 @@ class SelectiveBackpropMixin:
 
     def _load_best_model(self):
         super()._load_best_model()
-        if self.args.should_save and self.args.save_total_limit == 1:
+        if self.selector is not None and self.args.should_save and self.args.save_total_limit == 1:
             # The Trainer goes on to delete every checkpoint-* folder but the best when save_total_limit is 1;
             # delete only this run's, and hide the limit from it until train() returns.
             best = self.state.best_model_checkpoint
@@ -504,8 +572,6 @@ class SelectiveBackpropMixin:
             self.args.save_total_limit = None
 
     def _save_checkpoint_files(self, model, trial):
-        if self.selector is None:
-            return super()._save_checkpoint(model, trial)
         with self.engine.stats.timer("save_seconds"):
             # Selection state first: the Trainer writes trainer_state.json after the weights, optimizer
             # and RNG files and rotates old checkpoints only after that, so trainer_state.json marks a

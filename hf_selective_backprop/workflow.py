@@ -18,9 +18,10 @@ from .cards import hub_dataset_id, training_costs
 from .config import SelectiveBackpropConfig
 from .data import DataArguments, load_image_data
 from .engine.accounting import STATS_FILE, write_stats
-from .engine.checkpoints import STATE_FILE, last_complete_checkpoint
+from .engine.checkpoints import STATE_FILE, last_complete_checkpoint, require_resumable
 from .metrics import compute_metrics
 from .models import ModelArguments, build_model
+from .output_lock import LOCK_FILE, claimed
 from .trainer import SelectiveBackpropTrainer
 
 logger = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ def check_output_dir_is_free(path: str, resume_from: str | None = None, overwrit
     target = Path(path).expanduser().absolute()
     resuming_here = resume_from is not None and Path(resume_from).expanduser().absolute().parent == target
     entries = sorted(os.listdir(target)) if target.is_dir() and not (overwrite or resuming_here) else []
+    entries = [name for name in entries if name != LOCK_FILE]  # a live run's is refused by `output_lock.claimed`
     # Every process looks before any writes: the main process must not fill the folder before another looks.
     PartialState().wait_for_everyone()
     if entries:
@@ -193,6 +195,7 @@ def _check_checkpoint(folder: str, flag: str, selective: bool) -> None:
             f"{flag}: its {TRAINER_STATE_NAME} is not valid JSON (a save cut short?): pass an earlier checkpoint, "
             "or True for the last complete one"
         ) from error
+    require_resumable(folder, "--resume_from_checkpoint")
 
 
 def train_image_classifier(
@@ -211,6 +214,12 @@ def train_image_classifier(
             f"--eval_split none leaves nothing to evaluate, but --eval_strategy is {config.eval_strategy.value!r}; "
             "add --eval_strategy no, or name an --eval_split"
         )
+    with claimed(config.output_dir):
+        return _train(config, data_args, model_args, checkpoint)
+
+
+def _train(config: SelectiveBackpropConfig, data_args: DataArguments, model_args: ModelArguments,
+           checkpoint: str | None) -> RunResult:
     set_seed(config.seed)
     data = load_image_data(data_args, seed=config.seed, index_column=config.sb_index_column)
     model = build_model(

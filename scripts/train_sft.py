@@ -21,8 +21,14 @@ from hf_selective_backprop import SelectiveBackpropSFTConfig, SelectiveBackpropS
 from hf_selective_backprop.cards import hub_dataset_id, training_costs
 from hf_selective_backprop.data.text import TextDataArguments, load_text_data, texts_of, train_wordpiece_tokenizer
 from hf_selective_backprop.engine.accounting import STATS_FILE, write_stats
+from hf_selective_backprop.output_lock import claimed
 from hf_selective_backprop.text_models import TextModelArguments, build_text_model, load_tokenizer
-from hf_selective_backprop.workflow import check_output_dir, resume_checkpoint
+from hf_selective_backprop.workflow import (
+    OutputArguments,
+    check_output_dir,
+    check_output_dir_is_free,
+    resume_checkpoint,
+)
 
 DEFAULTS = dict(
     num_train_epochs=1,
@@ -69,11 +75,17 @@ def sft_tokenizer(texts, model_args: TextModelArguments, max_length: int):
 
 
 def main() -> None:
-    parser = HfArgumentParser((SelectiveBackpropSFTConfig, SFTDataArguments, TextModelArguments))
+    parser = HfArgumentParser((SelectiveBackpropSFTConfig, SFTDataArguments, TextModelArguments, OutputArguments))
     parser.set_defaults(**DEFAULTS)
-    config, data_args, model_args = parser.parse_args_into_dataclasses()
+    config, data_args, model_args, output_args = parser.parse_args_into_dataclasses()
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
+    check_output_dir_is_free(config.output_dir, checkpoint, output_args.overwrite_output_dir)
+    with claimed(config.output_dir):
+        run(config, data_args, model_args, checkpoint)
+
+
+def run(config, data_args: SFTDataArguments, model_args: TextModelArguments, checkpoint: str | None) -> None:
     set_seed(config.seed)
 
     data = load_text_data(TextDataArguments(
@@ -83,11 +95,15 @@ def main() -> None:
     ))
     config.dataset_text_field = data.text_column
     tokenizer = load_tokenizer(model_args)
+    if tokenizer is None and checkpoint is not None:
+        # The vocabulary the run learnt, saved in each checkpoint: learning it again can give other ids.
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     if tokenizer is None:
         # The main process learns the vocabulary and saves it with the model; the others load that copy.
         with config.main_process_first(local=False, desc="train the tokenizer"):
             if config.process_index == 0:
-                tokenizer = sft_tokenizer(texts_of(data.train, data.text_column), model_args, config.max_length)
+                texts = texts_of(data.train, data.text_column, max_length=config.max_length)
+                tokenizer = sft_tokenizer(texts, model_args, config.max_length)
                 tokenizer.save_pretrained(config.output_dir)
             else:
                 tokenizer = AutoTokenizer.from_pretrained(config.output_dir)

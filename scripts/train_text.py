@@ -33,6 +33,7 @@ from hf_selective_backprop.data.text import (
 )
 from hf_selective_backprop.engine.accounting import STATS_FILE, write_stats
 from hf_selective_backprop.metrics import compute_metrics
+from hf_selective_backprop.output_lock import claimed
 from hf_selective_backprop.text_models import PIPELINE_TAGS, TextModelArguments, build_text_model, load_tokenizer
 from hf_selective_backprop.workflow import (
     OutputArguments,
@@ -64,6 +65,12 @@ def main() -> None:
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
     check_output_dir_is_free(config.output_dir, checkpoint, output_args.overwrite_output_dir)
+    with claimed(config.output_dir):
+        run(config, data_args, model_args, checkpoint)
+
+
+def run(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_args: TextModelArguments,
+          checkpoint: str | None) -> None:
     set_seed(config.seed)
     classification = data_args.task == "text-classification"
 
@@ -76,7 +83,8 @@ def main() -> None:
         # The main process learns the vocabulary and saves it with the model; the others load that copy.
         with config.main_process_first(local=False, desc="train the tokenizer"):
             if config.process_index == 0:
-                texts = texts_of(data.train, data.text_column, data_args.text_pair_column)
+                texts = texts_of(data.train, data.text_column, data_args.text_pair_column,
+                                 max_length=data_args.max_length)
                 tokenizer = train_wordpiece_tokenizer(
                     texts, model_args.vocab_size, data_args.max_length, token_type_ids=classification
                 )

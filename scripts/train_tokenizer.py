@@ -24,7 +24,7 @@ def main() -> None:
     parser = HfArgumentParser((TokenizerOutput, TextDataArguments, TextModelArguments))
     out, data_args, model_args = parser.parse_args_into_dataclasses()
     data = load_text_data(data_args)
-    texts = texts_of(data.train, data.text_column, data_args.text_pair_column)
+    texts = texts_of(data.train, data.text_column, data_args.text_pair_column, max_length=data_args.max_length)
     tokenizer = train_wordpiece_tokenizer(
         texts, model_args.vocab_size, data_args.max_length, token_type_ids=data_args.task == "text-classification"
     )

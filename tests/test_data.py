@@ -1,6 +1,7 @@
 """Vision data pipeline: Hub-layout loading, ids, decode, augmentation, label noise, errors."""
 
 import io
+import logging
 import re
 import time
 from pathlib import Path
@@ -515,3 +516,17 @@ def test_unreadable_cells_name_their_row(tmp_path):
         decode_images([cells[0], missing, cells[2]], 3, where="here")
     with pytest.raises(ValueError, match=r"^images: row 2 holds no image \(neither bytes nor a path\)"):
         decode_images([cells[0], cells[1], None], 3)
+
+
+def test_a_stray_label_one_past_the_classes_is_warned_of_by_row(tmp_path, caplog):
+    """10 among 0..9 is contiguous, so it adds an 11th class: the warning names the class and its row."""
+    labels = [i % 10 for i in range(300)]
+    labels[7] = 10
+    folder = write_rows(tmp_path / "stray10", {"train": (png_cells(300), labels),
+                                               "test": (png_cells(10), list(range(10)))})
+    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.data.datasets"):
+        data = load(folder, tmp_path)
+    assert data.num_labels == 11
+    warned = [r.getMessage() for r in caplog.records if "a stray label?" in r.getMessage()]
+    assert len(warned) == 1 and "class(es) 10 have 1 example(s) against a median of 31" in warned[0]
+    assert "--train_split 'train': row 7 = 10 (1 row)" in warned[0]

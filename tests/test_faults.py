@@ -204,18 +204,20 @@ def test_index_column_with_gaps_works_under_stale_sb(output_dir):
     "ids, match",
     [
         ([0, 1, 2, 3] * 16, r"--sb_index_column 'index' holds 60 duplicate ids"),
-        (list(range(-1, 63)), r"--sb_index_column 'index' must hold one non-negative integer id"),
+        (list(range(-1, 63)), r"--sb_index_column 'index' holds -1 at row 0: ids must be non-negative"),
+        ([*range(63), 10**10], r"--sb_index_column 'index' holds 10000000000 at row 63: .* 111.8 GiB per process"),
         ([float(i) + 0.5 for i in range(64)], r"--sb_index_column 'index' must hold one non-negative integer id"),
     ],
-    ids=["duplicates", "negative", "float"],
+    ids=["duplicates", "negative", "huge", "float"],
 )
 def test_bad_index_column_fails_fast_under_stale_sb(ids, match, output_dir):
     x, y = tensors(64)
-    trainer = RecordingTrainer(model=TinyClassifier(), train_dataset=dataset(x, y, index=ids),
-                               args=make_config(output_dir, sb_strategy="sb", sb_staleness=3))
-    with pytest.raises(ValueError, match=match):
-        trainer.train()
-    assert trainer.state.global_step == 0
+    trainers = []
+    with pytest.raises(ValueError, match=match):  # at construction, or at train() before the first step
+        trainers.append(RecordingTrainer(model=TinyClassifier(), train_dataset=dataset(x, y, index=ids),
+                                         args=make_config(output_dir, sb_strategy="sb", sb_staleness=3)))
+        trainers[0].train()
+    assert all(trainer.state.global_step == 0 for trainer in trainers)
 
 
 def test_rows_repeated_by_select_are_duplicates_too(output_dir):

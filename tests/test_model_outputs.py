@@ -58,7 +58,6 @@ def test_stale_sb_trains_a_model_that_returns_a_loss_logits_tuple(output_dir):
 @pytest.mark.parametrize(
     "model, data, message",
     [
-        (Regressor, regression_data, r"Regressor.*per_example_loss_func.*shape \(\) for a batch of 2"),
         (TwoHeads, lambda: make_dataset(32), r"TwoHeads.*per_example_loss_func.*no 'logits'"),
     ],
 )
@@ -74,6 +73,18 @@ def test_outputs_the_automatic_loss_does_not_fit_are_refused_at_construction(out
     )
     trainer.train()
     assert trainer.sb_stats["backwards"] > 0
+
+
+def test_a_regression_module_with_float_labels_is_scored_by_squared_error(output_dir):
+    """Float labels beside one output per example: the automatic loss is squared error, which the check finds
+    equal to the module's own MSE, so it trains without a per-example loss of its own."""
+    trainer = SelectiveBackpropTrainer(model=Regressor(), train_dataset=regression_data(),
+                                       args=make_config(output_dir, num_train_epochs=1))
+    with torch.no_grad():
+        outputs = trainer.model(torch.ones(3, FEATURES), labels=torch.zeros(3))
+        torch.testing.assert_close(trainer.per_example_loss_func(outputs, torch.zeros(3)), outputs["prediction"] ** 2)
+    trainer.train()
+    assert 0 < trainer.sb_stats["backwards"] < trainer.sb_stats["examples_seen"]
 
 
 def test_the_check_changes_neither_the_random_state_nor_the_model(output_dir, monkeypatch):

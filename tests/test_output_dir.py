@@ -1,7 +1,8 @@
 """A safe --output_dir: rotation deletes only the run's own checkpoints, and the scripts refuse a folder in use.
 
 The Trainer's ``save_total_limit`` rotation deletes every ``checkpoint-*`` folder of ``output_dir``;
-`SelectiveBackpropTrainer` deletes only those its run (or the run it resumes) wrote. `scripts/train.py`
+`SelectiveBackpropTrainer` with selection on deletes only those its run (or the run it resumes) wrote
+(with ``sb_strategy="none"`` it is the Trainer: tests/test_drop_in.py). `scripts/train.py`
 and `scripts/train_text.py` refuse a folder that holds a finished run or other files unless told
 ``--overwrite_output_dir``, or ``--resume_from_checkpoint`` continues the run saved there.
 """
@@ -9,7 +10,11 @@ and `scripts/train_text.py` refuse a folder that holds a finished run or other f
 from __future__ import annotations
 
 import json
+import logging
+import os
 import runpy
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +22,7 @@ import pytest
 from tiny import TinyClassifier, make_config, make_dataset
 
 from hf_selective_backprop import SelectiveBackpropTrainer
+from hf_selective_backprop.output_lock import LOCK_FILE, claimed
 
 ROOT = Path(__file__).resolve().parents[1]
 USER_FILE = "my_notes.txt"
@@ -55,7 +61,7 @@ def train(output_dir: Path, resume=None, **overrides) -> SelectiveBackpropTraine
 # ---- rotation through the Python API ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("strategy", ["sb", "none"])
+@pytest.mark.parametrize("strategy", ["sb", "uniform"])
 def test_rotation_deletes_only_checkpoints_the_run_wrote(strategy, tmp_path):
     out = tmp_path / "out"
     notes = user_checkpoint(out)
@@ -80,11 +86,27 @@ def test_a_resumed_run_rotates_the_checkpoints_of_the_run_it_continues(tmp_path)
     assert notes.read_text() == "the user's own notes"
 
 
+def test_a_resume_from_another_folders_checkpoint_rotates_none_of_this_folders(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    train(first, save_total_limit=None, num_train_epochs=3)
+    steps = checkpoint_steps(first)
+    assert len(steps) >= 2
+    # The user's folder here bears the name of a step the first run saved there.
+    notes = user_checkpoint(second, steps[0])
+    resumed = train(second, resume=str(first / f"checkpoint-{steps[-1]}"), save_total_limit=1, num_train_epochs=6)
+    assert notes.read_text() == "the user's own notes"
+    own = [step for step in checkpoint_steps(second) if step != steps[0]]
+    assert len(own) == 1 and steps[-1] < own[0] <= resumed.state.global_step
+    assert checkpoint_steps(first) == steps
+
+
 def test_keeping_only_the_best_checkpoint_at_the_end_spares_other_folders(tmp_path):
     # With load_best_model_at_end and save_total_limit=1 the Trainer deletes every checkpoint but the best.
     out = tmp_path / "out"
     notes = user_checkpoint(out)
-    trainer = train(out, sb_strategy="none", eval_strategy="steps", eval_steps=2, load_best_model_at_end=True,
+    # Keeping every row, the run saves at even steps only: none lands in the user's checkpoint-5.
+    trainer = train(out, sb_strategy="uniform", sb_keep=1.0, eval_strategy="steps", eval_steps=2,
+                    load_best_model_at_end=True,
                     metric_for_best_model="loss")
     assert notes.read_text() == "the user's own notes"
     assert checkpoint_steps(out) == sorted([5, int(Path(trainer.state.best_model_checkpoint).name.split("-")[1])])
@@ -170,3 +192,30 @@ def test_a_users_checkpoint_folder_survives_and_an_unfinished_run_resumes_only_w
            "--resume_from_checkpoint", str(last), "--num_train_epochs", "2")
     assert notes.read_text() == "the user's own notes"
     assert len(checkpoint_steps(out)) == 2 and max(checkpoint_steps(out)) > int(last.name.split("-")[1])
+
+
+# ---- one run per folder ---------------------------------------------------------------------------
+
+
+def test_a_folder_another_run_is_writing_is_refused_before_any_data_is_read(script, tmp_path):
+    out = tmp_path / "run"
+    with claimed(str(out)):  # a run in progress (this process: alive) holds the folder
+        with pytest.raises(ValueError, match=rf"^--output_dir '.*run' is in use by another run \(process "
+                           rf"{os.getpid()} on .*\): two runs would overwrite"):
+            script(out, "--save_strategy", "no", "--overwrite_output_dir")
+        assert not script.loads
+    assert not (out / LOCK_FILE).exists()  # released on exit
+    script(out, "--save_strategy", "no")  # an empty folder but for a released lock is free
+    assert (out / "model.safetensors").is_file() and not (out / LOCK_FILE).exists()
+
+
+def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / LOCK_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": gone.pid}))
+    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.output_lock"), claimed(str(out)):
+        assert json.loads((out / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert any("taking over the lock of a run that is gone" in r.getMessage() for r in caplog.records)
+    assert not (out / LOCK_FILE).exists()

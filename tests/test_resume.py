@@ -213,7 +213,7 @@ def test_resume_true_without_a_complete_checkpoint_is_a_clear_error(references, 
     partial = tmp_path / "checkpoint-3"
     shutil.copytree(checkpoints(output_dir)[2], partial)
     os.remove(partial / "trainer_state.json")
-    with pytest.raises(ValueError, match="No complete checkpoint"):
+    with pytest.raises(ValueError, match=r"No valid checkpoint found in output directory .*sb_state.pt"):
         new_trainer(str(tmp_path), settings).train(resume_from_checkpoint=True)
 
 

@@ -40,10 +40,9 @@ class TrainedIdsTrainer(SelectiveBackpropTrainer):
 
     engine_class = RankedEngine
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if model.training and self.args.sb_index_column in inputs:
-            self.trained_ids.append(inputs[self.args.sb_index_column].cpu().clone())
-        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.trained_ids.append(inputs[self.args.sb_index_column].cpu().clone())
+        return super().training_step(model, inputs, num_items_in_batch)
 
     trained_ids: list
 

@@ -20,7 +20,7 @@ class RecordingTrainer(SelectiveBackpropTrainer):
     """Records every micro-batch, every step's selection decision and the weighted losses."""
 
     def __init__(self, *args, **kwargs):
-        self.per_example = []
+        self.per_example, self.step_weights = [], None
         super().__init__(*args, per_example_loss_func=self._record_per_example, **kwargs)
         self.micro_batches, self.steps, self.losses, self.scored = [], [], [], []
 
@@ -51,12 +51,15 @@ class RecordingTrainer(SelectiveBackpropTrainer):
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.micro_batches.append({k: v.clone() for k, v in inputs.items()})
+        # The weights travel beside the model's inputs from here on (compute_loss does not see them).
+        self.step_weights = inputs.get(WEIGHT_KEY)
         return super().training_step(model, inputs, num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        assert WEIGHT_KEY not in inputs
         loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        if WEIGHT_KEY in inputs and model.training:
-            per_example, weights = self.per_example[-1], inputs[WEIGHT_KEY]
+        if self.step_weights is not None and model.training:
+            per_example, weights = self.per_example[-1], self.step_weights
             denominator = num_items_in_batch if num_items_in_batch is not None else len(weights)
             expected = (per_example * weights).sum() / denominator
             plain = per_example.sum() / denominator

@@ -13,7 +13,14 @@ from huggingface_hub import ModelCard
 from text_tiny import NEGATIVE, POSITIVE
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
-from hf_selective_backprop.data.text import TextDataArguments, class_names, load_text_data, train_wordpiece_tokenizer
+from hf_selective_backprop.data.text import (
+    WORDPIECE_MAX_WORD_CHARS,
+    TextDataArguments,
+    class_names,
+    load_text_data,
+    texts_of,
+    train_wordpiece_tokenizer,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SST2 = ROOT.parent / "shared" / "data" / "sst2"
@@ -118,3 +125,11 @@ def test_train_tokenizer_script_saves_a_tokenizer_the_text_script_reuses(review_
     run_script(["--dataset", str(review_folder), "--label_column", "sentiment", "--tokenizer_name",
                 str(tmp_path / "tok"), "--num_train_epochs", "1", "--output_dir", str(out), *COMMON])
     assert AutoTokenizer.from_pretrained(out).get_vocab() == saved.get_vocab()
+
+
+def test_tokenizer_training_reads_only_what_max_length_can_use():
+    long_text = "word " * 600_000  # 3,000,000 characters
+    data = Dataset.from_dict({"text": ["short text", long_text]})
+    batches = list(texts_of(data, "text", max_length=16))
+    assert batches == [["short text", long_text[: 16 * WORDPIECE_MAX_WORD_CHARS]]]
+    assert list(texts_of(data, "text")) == [["short text", long_text]]  # without max_length, as they are

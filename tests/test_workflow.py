@@ -134,9 +134,14 @@ def test_output_dir_under_a_read_only_folder_is_refused(tmp_path, no_data, monke
 
 
 def fake_checkpoint(folder: Path, *files: str, state: str = "{}") -> Path:
+    """A checkpoint folder holding ``files``: trainer_state.json holds ``state``, a torch file an empty dict
+    (readable, as a complete checkpoint's are), anything else nothing."""
     folder.mkdir(parents=True)
     for name in files:
-        (folder / name).write_text(state if name == "trainer_state.json" else "")
+        if name.endswith(".pt"):
+            torch.save({}, folder / name)
+        else:
+            (folder / name).write_text(state if name == "trainer_state.json" else "")
     return folder
 
 
@@ -148,12 +153,12 @@ def resume_config(output_dir, resume, **overrides) -> SelectiveBackpropConfig:
 
 @pytest.mark.parametrize("value", ["True", "true", "last"])
 def test_resume_true_or_last_takes_the_last_complete_checkpoint(tmp_path, value):
-    complete = fake_checkpoint(tmp_path / "checkpoint-20", "trainer_state.json", "sb_state.pt")
+    complete = fake_checkpoint(tmp_path / "checkpoint-20", "trainer_state.json", "sb_state.pt", "optimizer.pt")
     fake_checkpoint(tmp_path / "checkpoint-100", "trainer_state.json", "sb_state.pt", state='{"glob')  # torn
     fake_checkpoint(tmp_path / "checkpoint-30", "sb_state.pt")  # torn
     assert resume_checkpoint(resume_config(tmp_path, value)) == str(complete)
     # A plain run saves no sb_state.pt; like Trainer.train(True) it takes the highest checkpoint-N.
-    plain = fake_checkpoint(tmp_path / "checkpoint-200", "trainer_state.json")
+    plain = fake_checkpoint(tmp_path / "checkpoint-200", "trainer_state.json", "optimizer.pt")
     assert resume_checkpoint(resume_config(tmp_path, value, sb_strategy="none")) == str(plain)
     assert resume_checkpoint(resume_config(tmp_path, None)) is None
 

@@ -56,7 +56,7 @@ def text_workload(data_args, model_args, seed: int) -> Workload:
         raise ValueError("the benchmark evaluates after every epoch: give an --eval_split")
     tokenizer = load_tokenizer(model_args)
     if tokenizer is None:
-        texts = texts_of(data.train, data.text_column, data_args.text_pair_column)
+        texts = texts_of(data.train, data.text_column, data_args.text_pair_column, max_length=data_args.max_length)
         tokenizer = train_wordpiece_tokenizer(texts, model_args.vocab_size, data_args.max_length)
     columns = dict(label_column=data.label_column, text_pair_column=data_args.text_pair_column)
     train = tokenize(data.train, tokenizer, data.text_column, data_args.max_length, **columns)

@@ -304,6 +304,7 @@ def _label_names(
             f"inferred, some without any example. Labels above the first missing id: {where}. Fix those "
             f"labels, or pass --num_labels {num_classes} if those classes are meant to exist"
         )
+    _warn_of_rare_classes(labels, column)
     logger.info(
         "label column %r: %d classes inferred from its integer ids 0..%d in %s (--num_labels sets them)",
         column,
@@ -361,6 +362,25 @@ def _label_array(rows: datasets.Dataset, column: str, what: str) -> np.ndarray:
             f"{what}, label column {column!r}: no label at {noun} {_preview(missing.tolist())}; fix or drop that {noun}"
         )
     return values.to_numpy().astype(np.int64)
+
+
+#: A class with at most this share of the median class's examples is named in a warning: one stray label
+#: (10 among 0..9) would otherwise add a class to the model with only an info-level notice.
+RARE_CLASS_SHARE = 0.01
+
+
+def _warn_of_rare_classes(labels: dict[str, np.ndarray], column: str) -> None:
+    values = np.concatenate(list(labels.values()))
+    counts = np.bincount(values[values >= 0])
+    rare = np.flatnonzero(counts <= max(1.0, RARE_CLASS_SHARE * float(np.median(counts))))
+    if len(counts) > 2 and len(rare):
+        where = "; ".join(f"{name}: {_offending(split, np.isin(split, rare))}" for name, split in labels.items()
+                          if np.isin(split, rare).any())
+        logger.warning(
+            "label column %r: class(es) %s have %s example(s) against a median of %d per class, and each becomes an "
+            "output of the model: a stray label? %s. Fix those rows, or pass --num_labels to state the classes",
+            column, _preview(rare.tolist()), _preview(counts[rare].tolist()), int(np.median(counts)), where,
+        )
 
 
 def _offending(labels: np.ndarray, bad: np.ndarray, shown: int = 5) -> str:

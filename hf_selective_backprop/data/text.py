@@ -244,10 +244,21 @@ def tokenize(dataset: datasets.Dataset, tokenizer, text_column: str, max_length:
     return dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="tokenize")
 
 
-def texts_of(dataset: datasets.Dataset, *columns: str | None, batch_size: int = 1000) -> Iterator[list[str]]:
-    """Batches of the texts in ``columns`` (None skipped), for tokenizer training."""
+#: The longest word WordPiece splits into pieces (its ``max_input_chars_per_word``); a longer one is one [UNK].
+WORDPIECE_MAX_WORD_CHARS = 100
+
+
+def texts_of(dataset: datasets.Dataset, *columns: str | None, batch_size: int = 1000,
+             max_length: int | None = None) -> Iterator[list[str]]:
+    """Batches of the texts in ``columns`` (None skipped), for tokenizer training.
+
+    With ``max_length`` (tokens), each text is cut to the characters its first ``max_length`` tokens can span
+    (``max_length * WORDPIECE_MAX_WORD_CHARS``): the rest is truncated away before training ever reads it, and
+    one very long text would otherwise cost minutes and gigabytes of tokenizer training.
+    """
+    limit = None if max_length is None else max_length * WORDPIECE_MAX_WORD_CHARS
     for start in range(0, len(dataset), batch_size):
         rows = dataset[start : start + batch_size]
         for column in columns:
             if column is not None:
-                yield rows[column]
+                yield rows[column] if limit is None else [text[:limit] for text in rows[column]]

@@ -142,5 +142,31 @@ def full_pass_summary(global_step: int, epochs: float, num_examples: int, train_
         "backwards": rows,
         "optimizer_steps": global_step,
         "kept_fraction": 1.0,
+        "queued_at_end": 0,
         "train_seconds": train_seconds,
     }
+
+
+#: A realised kept fraction below this share of the expected one is explained in the log at the end of a run.
+KEPT_FRACTION_DRIFT = 0.75
+
+
+def end_of_run_notes(summary: dict, expected_keep: float | None, history_size: int) -> list[str]:
+    """What the end-of-run counters show that a user would otherwise have to work out: kept rows the run ended
+    before training, and a kept fraction well below the strategy's expected one."""
+    notes = []
+    queued = summary.get("queued_at_end", 0)
+    if queued:
+        notes.append(
+            f"{queued} rows that selection kept were still queued when the run ended, fewer than one optimizer step "
+            "takes: they were not trained ('kept' counts them, 'backwards' does not; sb_stats.json 'queued_at_end')"
+        )
+    kept = summary.get("kept_fraction")
+    if expected_keep is not None and summary.get("considered") and kept < KEPT_FRACTION_DRIFT * expected_keep:
+        notes.append(
+            f"selection kept {kept:.3f} of the examples it considered, well below the expected {expected_keep:.3f}: "
+            f"each loss is ranked against the last {history_size} losses (--sb_history_size), and while losses fall, "
+            "as they do early and on short runs, that history holds older, higher losses, so fresh ones rank low "
+            "and are kept less often"
+        )
+    return notes

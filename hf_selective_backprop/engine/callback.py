@@ -2,8 +2,25 @@
 
 from __future__ import annotations
 
+import logging
+
 from transformers import DefaultFlowCallback
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+
+logger = logging.getLogger(__name__)
+#: The Trainer's logger, and how its warning for an epoch that made no step begins: under selection such an
+#: epoch kept too few rows for a step, which carry over, and training goes on (the warning says it stops).
+TRAINER_LOGGER = "transformers.trainer"
+EMPTY_EPOCH_WARNING = "There seems not to be a single sample in your epoch_iterator"
+
+
+class _EmptyEpochWarningFilter(logging.Filter):
+    def __init__(self, trainer):
+        super().__init__()
+        self.trainer = trainer
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.trainer.is_in_train and str(record.msg).startswith(EMPTY_EPOCH_WARNING))
 
 
 class SelectionFlowCallback(DefaultFlowCallback):
@@ -18,9 +35,20 @@ class SelectionFlowCallback(DefaultFlowCallback):
     def __init__(self, trainer):
         self.trainer = trainer
         self.ended_at_step: int | None = None  # the step that was told it ends the run
+        self.carried_over_said = False
+        self._warning_filter = _EmptyEpochWarningFilter(trainer)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.ended_at_step = None
+        self.carried_over_said = False
+        logging.getLogger(TRAINER_LOGGER).addFilter(self._warning_filter)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.stop_filtering()
+
+    def stop_filtering(self) -> None:
+        """Take the filter off the Trainer's logger (also when training raised before its end)."""
+        logging.getLogger(TRAINER_LOGGER).removeFilter(self._warning_filter)
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         engine = self.trainer.engine
@@ -53,6 +81,13 @@ class SelectionFlowCallback(DefaultFlowCallback):
             # An epoch whose kept rows all stayed queued made no step; the Trainer reads that as an
             # empty dataset and stops. The rows carry over, so training goes on.
             control.should_training_stop = False
+            if not self.carried_over_said:
+                self.carried_over_said = True
+                logger.warning(
+                    "epoch %d kept fewer rows than one optimizer step takes (%d): they stay queued and train in the "
+                    "next epoch's steps, and training goes on (said once per run)",
+                    engine.epoch, self.trainer._train_batch_size * args.gradient_accumulation_steps,
+                )
         if engine.epoch_based and done and self.ended_at_step != state.global_step:
             # The data ran out after the last step, which could not know it was the last: its final
             # checkpoint and evaluation, where that step did not already make them.

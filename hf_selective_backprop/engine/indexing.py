@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 
 import numpy
 import torch
 from datasets import Dataset as HFDataset
 from torch.utils.data import Dataset, IterableDataset
+
+logger = logging.getLogger(__name__)
 
 
 class IndexedDataset(Dataset):
@@ -23,13 +26,26 @@ class IndexedDataset(Dataset):
         return {**self.dataset[position], self.column: position}
 
 
+#: Ids may run this many times past the number of rows (gaps from filtering) before the id-indexed tables
+#: (12 bytes a slot) are refused as wasteful; any span up to MIN_ID_SPAN is allowed.
+MAX_ID_SPAN_PER_ROW, MIN_ID_SPAN = 64, 1 << 24
+#: The id column's default name (``--sb_index_column``): numbering rows under it is the ordinary case.
+DEFAULT_COLUMN = "index"
+
+
 def with_index_column(dataset, column: str):
-    """``dataset`` with an id column: the one it has, else the position (0..N-1)."""
+    """``dataset`` with an id column: the one it has, else the position (0..N-1), said in the log (a warning
+    when the column was named on purpose: a typo would otherwise replace a real id column by row numbers)."""
     if isinstance(dataset, IterableDataset):
         return dataset
     column_names = getattr(dataset, "column_names", None)
     if column_names is not None:
-        return dataset if column in column_names else dataset.add_column(column, list(range(len(dataset))))
+        if column in column_names:
+            return dataset
+        say = logger.info if column == DEFAULT_COLUMN else logger.warning
+        say(f"--sb_index_column {column!r} is not a column of the training dataset (its columns: {column_names}): "
+            f"numbering its {len(dataset)} rows 0..{len(dataset) - 1} under that name as the example ids")
+        return dataset.add_column(column, list(range(len(dataset))))
     if _own_ids(dataset) is not None:
         given = getattr(dataset, "index_column", column)  # where an ImageTensorDataset puts its ids
         if given != column:
@@ -77,11 +93,7 @@ def ids_by_position(dataset, column: str) -> torch.Tensor | None:
         ids = _own_ids(dataset).numpy()
     else:
         ids = numpy.asarray([int(dataset[position][column]) for position in range(len(dataset))])
-    if ids.ndim != 1 or ids.dtype.kind not in "iu" or (ids.size and ids.min() < 0):
-        raise ValueError(
-            f"--sb_index_column {column!r} must hold one non-negative integer id per example, got dtype "
-            f"{ids.dtype} and shape {ids.shape}"
-        )
+    check_id_values(ids, column)
     unique = numpy.unique(ids)
     if unique.size != ids.size:
         raise ValueError(
@@ -90,6 +102,38 @@ def ids_by_position(dataset, column: str) -> torch.Tensor | None:
             "column to number rows 0..N-1)"
         )
     return torch.from_numpy(ids.astype(numpy.int64))
+
+
+def check_id_values(ids: numpy.ndarray, column: str) -> None:
+    """Refuse ids the id-indexed tables cannot hold, naming the column and the first offending row: not one
+    integer per row, negative, or so large that a table indexed by them would waste gigabytes."""
+    if ids.size == 0:
+        return  # an empty dataset is refused, by name, where the training loader is built
+    if ids.ndim != 1 or ids.dtype.kind not in "iu":
+        raise ValueError(
+            f"--sb_index_column {column!r} must hold one non-negative integer id per example, got dtype "
+            f"{ids.dtype} and shape {ids.shape}"
+        )
+    if ids.size and ids.min() < 0:
+        row = int(numpy.argmax(ids < 0))
+        raise ValueError(
+            f"--sb_index_column {column!r} holds {int(ids[row])} at row {row}: ids must be non-negative integers "
+            "(remove the column to number rows 0..N-1)"
+        )
+    if ids.size and int(ids.max()) + 1 > max(MAX_ID_SPAN_PER_ROW * ids.size, MIN_ID_SPAN):
+        row = int(numpy.argmax(ids))
+        raise ValueError(
+            f"--sb_index_column {column!r} holds {int(ids[row])} at row {row}: the loss store and the epoch's plan "
+            f"are indexed by id, so ids up to it would take {12 * (int(ids[row]) + 1) / 2**30:.1f} GiB per process "
+            f"for {ids.size} examples; renumber the ids densely (or remove the column to number rows 0..N-1)"
+        )
+
+
+def check_column_ids(dataset, column: str) -> None:
+    """`check_id_values` on a `datasets.Dataset`'s id column (read from Arrow: fast); other datasets are
+    checked where their ids are read."""
+    if isinstance(dataset, HFDataset) and column in dataset.column_names:
+        check_id_values(_column_values(dataset, column), column)
 
 
 def _column_values(dataset: HFDataset, column: str) -> numpy.ndarray:

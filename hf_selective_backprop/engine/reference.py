@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from ..losses import logits_of, per_example_loss_for
 from . import distributed
-from .indexing import IndexedDataset
+from .indexing import IndexedDataset, keeping_ids
 from .scoring import SelectionScorer
 
 MODEL_FLAG = "--sb_reference_model"
@@ -217,7 +217,8 @@ def _loader(trainer, dataset) -> DataLoader:
     loader = DataLoader(
         dataset,
         batch_size=trainer.args.eval_batch_size,
-        collate_fn=collator,
+        # As the training loader collates: TRL's collator drops the id column the table is keyed by.
+        collate_fn=keeping_ids(collator, trainer.args.sb_index_column),
         num_workers=trainer.args.dataloader_num_workers,
         pin_memory=trainer.args.dataloader_pin_memory,
     )

@@ -38,12 +38,19 @@ def folder(run_dir: str, step: int) -> str:
     return os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
 
 
-def restore(record: RunCheckpoints, trainer_state) -> None:
-    """Take over the resumed run's record (an older checkpoint has none: then only the new saves count)."""
+def restore(record: RunCheckpoints, trainer_state, checkpoint: str | None, run_dir: str) -> None:
+    """Take over the record of the run that ``checkpoint`` continues, if it ran in ``run_dir`` (an older
+    checkpoint has none, and the steps of a run in another folder name folders there, not here: then only
+    the new saves count)."""
     saved = trainer_state.stateful_callbacks.get(RunCheckpoints.__name__) or {}
-    record.steps = list(saved.get("attributes", {}).get("steps", []))
+    same_folder = checkpoint is not None and _same_path(os.path.dirname(os.path.normpath(checkpoint)), run_dir)
+    record.steps = list(saved.get("attributes", {}).get("steps", [])) if same_folder else []
     # The Trainer indexes this entry when it saves; a checkpoint without it would fail there.
     trainer_state.stateful_callbacks[RunCheckpoints.__name__] = record.state()
+
+
+def _same_path(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def add(record: RunCheckpoints, run_dir: str, step: int) -> None:

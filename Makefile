@@ -4,7 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint benchmark gpu-check
+# The low end of the supported range (pyproject.toml): the suite runs against it too (make test-oldest).
+OLDEST_VENV := .venv-oldest
+OLDEST_PY := $(OLDEST_VENV)/bin/python
+OLDEST_STAMP := $(OLDEST_VENV)/.installed
+# The oldest releases the requirements admit together: TRL 1.16 itself needs accelerate>=1.10.1.
+OLDEST_PINS := transformers==5.23.0 accelerate==1.10.1 trl==1.16.0
+
+.PHONY: venv demo test test-oldest lint benchmark gpu-check
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +28,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+$(OLDEST_STAMP): pyproject.toml
+	test -x $(OLDEST_PY) || $(PYTHON) -m venv $(OLDEST_VENV)
+	$(OLDEST_PY) -m pip install --quiet --upgrade pip
+	$(OLDEST_PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(OLDEST_PY) -m pip install --quiet -e ".[dev,benchmarks,trl]" $(OLDEST_PINS)
+	touch $(OLDEST_STAMP)
+
+test-oldest: $(OLDEST_STAMP)
+	$(OLDEST_PY) -m pytest -q
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -14,7 +14,7 @@ unset PYTHONPATH  # the source tree must not be importable
 
 # Build from a copy of the sources: setuptools would otherwise reuse stale files from ./build.
 mkdir "$WORK/src"
-tar -C "$ROOT" -cf - --exclude=./.venv --exclude=./.git --exclude=./build --exclude=./dist --exclude=./outputs \
+tar -C "$ROOT" -cf - --exclude=./.venv --exclude=./.venv-oldest --exclude=./.git --exclude=./build --exclude=./dist --exclude=./outputs \
     --exclude='*.egg-info' --exclude=__pycache__ . | tar -C "$WORK/src" -xf -
 "$PYTHON" -m pip wheel --quiet --no-deps --no-build-isolation --wheel-dir "$WORK/dist" "$WORK/src"
 WHEEL="$(ls "$WORK"/dist/hf_selective_backprop-*.whl)"

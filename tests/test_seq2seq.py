@@ -107,3 +107,24 @@ def test_resume_with_queued_targets_of_different_lengths_reaches_the_same_weight
     resumed = run(partial, str(Path(partial) / "checkpoint-3"), save_strategy="steps", save_steps=3)
     assert resumed.state.global_step == full.state.global_step
     assert torch.equal(weights(resumed.model), weights(full.model))
+
+
+@pytest.mark.parametrize("given_as", ["reference_model", "--sb_reference_model"])
+def test_rholoss_with_a_reference_model_trains_through_the_seq2seq_pair(tmp_path, tokenizer, given_as):
+    model, reference = tiny_t5(tokenizer), tiny_t5(tokenizer)
+    data = reversal_data(tokenizer)
+    overrides, kwargs = dict(sb_strategy="rholoss", sb_keep=0.5), {}
+    if given_as == "reference_model":
+        kwargs["reference_model"] = reference
+    else:
+        reference.save_pretrained(tmp_path / "reference")
+        overrides["sb_reference_model"] = str(tmp_path / "reference")
+    trainer = SelectiveBackpropSeq2SeqTrainer(
+        model=model, processing_class=tokenizer, train_dataset=data,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        args=SelectiveBackpropSeq2SeqConfig(str(tmp_path / "out"), **overrides, **SETTINGS), **kwargs,
+    )
+    trainer.train()
+    stats = trainer.sb_stats
+    assert stats["reference_forwards"] == len(data)
+    assert 0 < stats["backwards"] < stats["examples_seen"]

@@ -92,7 +92,9 @@ class SelectiveBackpropArguments:
         default="eval",
         metadata={
             "help": "Model mode of the selection forward: 'eval' (BatchNorm statistics and dropout untouched, "
-            "as in the authors' code) or 'train'.",
+            "as in the authors' code) or 'train' (BatchNorm's running statistics then follow every example "
+            "read, not only the kept ones; near convergence on CIFAR-10 it made SB 7 points more accurate at "
+            "the same cost, docs/benchmarks.md).",
             "choices": list(SELECTION_MODES),
         },
     )

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
-from text_tiny import NEGATIVE, POSITIVE, tiny_bart, tiny_t5, word_tokenizer
+from text_tiny import NEGATIVE, POSITIVE, rholoss_reference, tiny_bart, tiny_t5, word_tokenizer
 from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from hf_selective_backprop import SelectiveBackpropSeq2SeqConfig, SelectiveBackpropSeq2SeqTrainer
@@ -113,12 +113,7 @@ def test_resume_with_queued_targets_of_different_lengths_reaches_the_same_weight
 def test_rholoss_with_a_reference_model_trains_through_the_seq2seq_pair(tmp_path, tokenizer, given_as):
     model, reference = tiny_t5(tokenizer), tiny_t5(tokenizer)
     data = reversal_data(tokenizer)
-    overrides, kwargs = dict(sb_strategy="rholoss", sb_keep=0.5), {}
-    if given_as == "reference_model":
-        kwargs["reference_model"] = reference
-    else:
-        reference.save_pretrained(tmp_path / "reference")
-        overrides["sb_reference_model"] = str(tmp_path / "reference")
+    overrides, kwargs = rholoss_reference(given_as, reference, tmp_path / "reference")
     trainer = SelectiveBackpropSeq2SeqTrainer(
         model=model, processing_class=tokenizer, train_dataset=data,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),

@@ -16,6 +16,7 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from huggingface_hub import ModelCard  # noqa: E402
 from sft_data import language_modelling, prompt_completion, sft_model, sft_tokenizer  # noqa: E402
+from text_tiny import rholoss_reference  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
@@ -205,12 +206,7 @@ def test_rholoss_with_a_reference_model_trains_through_the_sft_pair(tmp_path, to
     # The reference pass collates with TRL's collator, which drops the id column the table is keyed by.
     reference = sft_model(tokenizer, seed=1)
     data = prompt_completion(24)
-    overrides, kwargs = dict(sb_strategy="rholoss", sb_keep=0.5), {}
-    if given_as == "reference_model":
-        kwargs["reference_model"] = reference
-    else:
-        reference.save_pretrained(tmp_path / "reference")
-        overrides["sb_reference_model"] = str(tmp_path / "reference")
+    overrides, kwargs = rholoss_reference(given_as, reference, tmp_path / "reference")
     trainer = SelectiveBackpropSFTTrainer(model=sft_model(tokenizer), args=config(str(tmp_path / "out"), **overrides),
                                           train_dataset=data, processing_class=tokenizer, **kwargs)
     trainer.train()

@@ -139,3 +139,13 @@ def tiny_bart(tokenizer, seed: int = 0) -> BartForConditionalGeneration:
                         bos_token_id=tokenizer.cls_token_id, eos_token_id=tokenizer.sep_token_id,
                         decoder_start_token_id=tokenizer.sep_token_id)
     return BartForConditionalGeneration(config)
+
+
+def rholoss_reference(given_as: str, reference, folder: Path) -> tuple[dict, dict]:
+    """(config overrides, trainer keyword arguments) that give RHO-LOSS ``reference`` as ``given_as`` says:
+    the ``reference_model=`` object, or the folder ``--sb_reference_model`` loads it from."""
+    overrides = dict(sb_strategy="rholoss", sb_keep=0.5)
+    if given_as == "reference_model":
+        return overrides, {"reference_model": reference}
+    reference.save_pretrained(folder)
+    return {**overrides, "sb_reference_model": str(folder)}, {}

@@ -374,8 +374,8 @@ def _warn_of_rare_classes(labels: dict[str, np.ndarray], column: str) -> None:
     counts = np.bincount(values[values >= 0])
     rare = np.flatnonzero(counts <= max(1.0, RARE_CLASS_SHARE * float(np.median(counts))))
     if len(counts) > 2 and len(rare):
-        where = "; ".join(f"{name}: {_offending(split, np.isin(split, rare))}" for name, split in labels.items()
-                          if np.isin(split, rare).any())
+        in_rare = {name: np.isin(split, rare) for name, split in labels.items()}
+        where = "; ".join(f"{name}: {_offending(labels[name], mask)}" for name, mask in in_rare.items() if mask.any())
         logger.warning(
             "label column %r: class(es) %s have %s example(s) against a median of %d per class, and each becomes an "
             "output of the model: a stray label? %s. Fix those rows, or pass --num_labels to state the classes",

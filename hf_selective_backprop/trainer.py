@@ -20,7 +20,6 @@ from functools import partial
 import datasets
 import torch
 from transformers import DefaultFlowCallback, Trainer
-from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
 from .config import SelectiveBackpropArguments
@@ -124,6 +123,12 @@ class SelectiveBackpropMixin:
         dataset = self.train_dataset
         if isinstance(dataset, torch.utils.data.IterableDataset) or not has_length(dataset) or len(dataset) == 0:
             return
+        if any(hasattr(parameter, "ds_id") for parameter in self.model.parameters()):
+            # Loaded under ZeRO-3 (zero.Init): each rank holds a shard of the weights, and a forward before
+            # DeepSpeed's engine exists cannot gather them. Gathering them here would need the whole model on
+            # one device, what ZeRO-3 avoids.
+            logger.info("the per-example loss is not checked against the model's before training: weights partitioned by ZeRO-3")
+            return
         if isinstance(dataset, datasets.Dataset):
             dataset = self._remove_unused_columns(dataset, description="training")
         collator = self._get_collator_with_removed_columns(self.data_collator, description="training")
@@ -218,21 +223,14 @@ class SelectiveBackpropMixin:
                 "supported: launch one process per GPU with `accelerate launch` (or torchrun), or make one GPU "
                 "visible (CUDA_VISIBLE_DEVICES=0)"
             )
-        if not self.selector.needs_losses:
-            return  # no selection forward: the Trainer's own forwards are the only collectives
-        sharded = None
-        if self.is_fsdp_enabled:
-            sharded = "FSDP (--fsdp / an accelerate FSDP config)"
-        elif self.is_deepspeed_enabled and is_deepspeed_zero3_enabled():
-            sharded = "DeepSpeed ZeRO stage 3"
-        if sharded is not None:
-            # A sharded model all-gathers its weights in every forward, so every rank must run the same number
-            # of forwards; selection forwards run only where a rank has rows to score (a fully planned batch,
-            # a Stale-SB epoch's stored losses), which would hang. Not run on GPUs yet: refused until it is.
+        if self.is_fsdp_enabled and self.selector.needs_losses and self.accelerator.state.fsdp_plugin.fsdp_version != 2:
+            # The engine keeps sharded forwards in lockstep (docs/distributed.md), shown with torch's fully_shard
+            # (FSDP2), which shards the module in place. FSDP1 wraps it, and the selection forward would have to
+            # go through that wrapper: not shown.
             raise ValueError(
-                f"--sb_strategy {strategy} runs selection forwards, which {sharded} does not support yet (ranks "
-                "would run different numbers of forwards and hang in the weight all-gather). Use DDP or DeepSpeed "
-                "ZeRO stage 1/2, or a strategy without a selection forward (uniform, infobatch)"
+                f"--sb_strategy {strategy} runs selection forwards, supported under FSDP version 2 only: set "
+                "fsdp_version: 2 in the accelerate FSDP config (--fsdp_config with fsdp_version 2), or use DeepSpeed "
+                "ZeRO, DDP, or a strategy without a selection forward (uniform, infobatch)"
             )
 
     def _build_engine(self) -> SelectionEngine:
@@ -409,6 +407,8 @@ class SelectiveBackpropMixin:
         # model without a wrapper inside stays compiled, unless --sb_selection_precision needs the
         # eager module (SelectionScorer swaps its forward).
         wrapped = self.model_wrapped
+        if self.is_fsdp_enabled:
+            return wrapped  # FSDP2 shards the module in place: its forward gathers the weights, as training's does
         inner = self.accelerator.unwrap_model(wrapped, keep_torch_compile=False)
         compiled_alone = getattr(wrapped, "_orig_mod", None) is inner
         if compiled_alone and self.args.sb_selection_precision == "auto":

@@ -199,6 +199,28 @@ def weighted_loss_check(trainer, dataset, rank: int) -> dict:
     return {"reference": float(reference), "weighted": float(weighted), "num_items": float(num_items)}
 
 
+def deepspeed_config(stage: int) -> dict:
+    """ZeRO at ``stage`` in float32, the Trainer's batch sizes and optimizer ("auto")."""
+    return {
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "zero_optimization": {"stage": stage},
+        "zero_allow_untested_optimizer": True,
+    }
+
+
+def full_weights(trainer) -> dict:
+    """The model's whole weights on every rank: under ZeRO-3 each rank holds a shard until gathered."""
+    model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    if not trainer.is_deepspeed_enabled:
+        return {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters(list(model.parameters())):
+        return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True, help="folder for rank{rank}.pt and the Trainer's output_dir")
@@ -220,6 +242,7 @@ def main() -> None:
     parser.add_argument("--reference", action="store_true", help="'rholoss': a second TinyMLP as reference model")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: one GPU per process (NCCL)")
     parser.add_argument("--images", action="store_true", help="a conv net with BatchNorm on augmented tiny images")
+    parser.add_argument("--zero", type=int, choices=[1, 2, 3], default=None, help="DeepSpeed ZeRO stage (CPU)")
     args = parser.parse_args()
 
     rank = int(os.environ.get("RANK", "0"))
@@ -244,6 +267,7 @@ def main() -> None:
         sb_history_size=args.history,
         sb_history_scope=args.scope,
         sb_staleness=args.staleness,
+        deepspeed=deepspeed_config(args.zero) if args.zero else None,
     )
     torch.manual_seed(0)
     if args.text:
@@ -277,7 +301,7 @@ def main() -> None:
         "rank": rank,
         "world_size": trainer.accelerator.num_processes,
         "distributed_type": str(trainer.accelerator.distributed_type),
-        "weights": {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()},
+        "weights": full_weights(trainer),
         "global_step": trainer.state.global_step,
         "selector_state": trainer.selector.state_dict(),
         "history": history.values() if history is not None else None,

@@ -8,9 +8,6 @@ killed after ``TIMEOUT`` seconds and fails the test instead of blocking the suit
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,13 +17,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dist_worker import NAN_IDS, id_loss  # noqa: E402
+from launch import launch as _launch  # noqa: E402
 
 from hf_selective_backprop.engine.accounting import COUNTERS  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "tests" / "dist_worker.py"
-ACCELERATE_CONFIG = ROOT / "configs" / "accelerate" / "cpu_2proc.yaml"
-TIMEOUT = 240
 EXAMPLES = 256
 
 pytestmark = pytest.mark.slow
@@ -43,39 +37,6 @@ STALE = ["--loss", "id", "--staleness", "2", "--scope", "local", "--epochs", "4"
          "--grad-accum", "2", "--save-steps", "7", "--augment"]  # fmt: skip
 STALE_EPOCHS = 4
 CHECKPOINT_STEP = 7
-
-
-def _launch(out: Path, args: list[str], launcher: str = "torchrun") -> list[dict]:
-    """Run the worker and return each rank's results; fail on error or timeout (a hang)."""
-    if launcher == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    elif launcher == "accelerate":
-        accelerate = Path(sys.executable).parent / "accelerate"
-        cmd = [str(accelerate), "launch", "--config_file", str(ACCELERATE_CONFIG)]
-    else:  # one plain process
-        cmd = [sys.executable]
-    cmd += [str(WORKER), "--out", str(out), *args]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    env["OMP_NUM_THREADS"] = "1"
-    # A new session, so that a hung launch can be killed with all the workers it started.
-    process = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        output, _ = process.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        # torchrun starts each worker in a session of its own: SIGTERM lets it stop them before it exits.
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            output, _ = process.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            output, _ = process.communicate()
-        pytest.fail(f"{' '.join(cmd)} did not finish in {TIMEOUT} s (hang?):\n{output[-4000:]}")
-    if process.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited with {process.returncode}:\n{output[-4000:]}")
-    files = sorted(out.glob("rank*.pt"))
-    return [torch.load(path, weights_only=False) for path in files]
 
 
 def _same_weights(a: dict, b: dict) -> bool:

@@ -25,6 +25,7 @@ COUNTERS = (
     "optimizer_steps",
     "nonfinite_losses",
     "reference_forwards",
+    "lockstep_forwards",
 )
 TIMERS = (
     "data_seconds",
@@ -60,6 +61,9 @@ class SelectionStats:
     optimizer_steps: int = 0
     nonfinite_losses: int = 0
     reference_forwards: int = 0
+    #: One-row forwards whose losses are thrown away, run by a rank with nothing to score while another rank
+    #: scores: a sharded model (ZeRO-3, FSDP) gathers its weights in every forward, on every rank together.
+    lockstep_forwards: int = 0
     data_seconds: float = 0.0
     selection_forward_seconds: float = 0.0
     selection_overhead_seconds: float = 0.0

@@ -5,8 +5,20 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 
 from .transfer import to_device, to_host
+
+
+def shards_weights(accelerator: Accelerator) -> bool:
+    """Whether the model's weights are split over the ranks (DeepSpeed ZeRO-3, FSDP): each forward then
+    all-gathers them, so every rank must run the same number of forwards."""
+    if accelerator.num_processes == 1:
+        return False
+    if accelerator.distributed_type == DistributedType.FSDP:
+        return True
+    plugin = accelerator.state.deepspeed_plugin if accelerator.distributed_type == DistributedType.DEEPSPEED else None
+    return plugin is not None and plugin.zero_stage == 3
 
 
 def all_true(accelerator: Accelerator, flag: bool) -> bool:

@@ -40,7 +40,9 @@ class SelectionEngine:
 
     ``args`` is the `SelectiveBackpropConfig`; ``batch_size`` the training micro-batch size and
     ``selection_batch_size`` the rows of one loaded selection batch, per process; ``padding`` the
-    `BatchQueue` pad values and side for variable-length (text) rows.
+    `BatchQueue` pad values and side for variable-length (text) rows. ``forwards_in_lockstep``: whether
+    every rank must run each selection forward together (weights sharded by DeepSpeed ZeRO-3 or FSDP);
+    by default read from ``accelerator``.
     """
 
     def __init__(
@@ -52,10 +54,14 @@ class SelectionEngine:
         batch_size: int,
         selection_batch_size: int,
         padding: dict | None = None,
+        forwards_in_lockstep: bool | None = None,
     ):
         self.args, self.selector, self.scorer, self.accelerator = args, selector, scorer, accelerator
         self.batch_size, self.selection_batch_size = batch_size, selection_batch_size
         self.index_column = args.sb_index_column
+        if forwards_in_lockstep is None:
+            forwards_in_lockstep = distributed.shards_weights(accelerator)
+        self.forwards_in_lockstep = forwards_in_lockstep
         self.queue = BatchQueue(**(padding or {}))
         self.store = LossStore()
         #: Irreducible loss per example id ('rholoss'): set by the trainer before training or from a checkpoint.
@@ -314,10 +320,13 @@ class SelectionEngine:
             if done:
                 return
             undecided = (~decided).nonzero().squeeze(1)
+            loaded = batch
             batch, host_ids = _rows(batch, transfer.to_device(undecided, _batch_device(batch))), host_ids[undecided]
+        else:
+            loaded = batch
         self.stats.examples_seen += _batch_length(batch)
         if selecting:
-            self._select(batch, model, host_ids)
+            self._select(batch, model, host_ids, loaded)
         else:
             self._push(dict(batch))
 
@@ -329,9 +338,9 @@ class SelectionEngine:
             rows[WEIGHT_KEY] = transfer.to_device(self.plan.weights[host_ids[positions]], device)
         return rows
 
-    def _select(self, batch: dict, model: torch.nn.Module, host_ids: torch.Tensor | None = None) -> None:
+    def _select(self, batch: dict, model: torch.nn.Module, host_ids: torch.Tensor | None, loaded: dict) -> None:
         size = _batch_length(batch)
-        losses = self.losses_for(batch, model, host_ids)
+        losses = self.losses_for(batch, model, host_ids, loaded)
         with self.stats.timer("selection_overhead_seconds"):
             population = None
             # A stream without ids gathers placeholder ids: only the losses are used then.
@@ -368,10 +377,13 @@ class SelectionEngine:
             rows[WEIGHT_KEY] = torch.ones(_batch_length(rows), device=_batch_device(rows))
         self.queue.push(rows)
 
-    def losses_for(self, batch: dict, model: torch.nn.Module, host_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def losses_for(
+        self, batch: dict, model: torch.nn.Module, host_ids: torch.Tensor | None = None, loaded: dict | None = None
+    ) -> torch.Tensor:
         """Per-example losses of a selection batch: a selection forward (on the device, or on the host when
         the store recorded them), or stored ones (on the host). ``host_ids``: the batch's ids on the host,
-        if already copied there.
+        if already copied there; ``loaded``: the selection batch as loaded, of which ``batch`` may hold only
+        some rows (a rank with no row to score runs its lockstep forward on one of them).
 
         Stored losses are read here only in a stale epoch that could not be planned before loading
         (``sb_interrupt``, or an ``sb_start``/``sb_end`` boundary inside it).
@@ -380,30 +392,42 @@ class SelectionEngine:
         if not self.selector.needs_losses:
             return torch.zeros(size)
         ids = batch.get(self.index_column)  # None for a stream without ids (plain SB only)
+        loaded = batch if loaded is None else loaded
         if not self.is_stale_epoch(self.epoch) or self.plan is not None:
-            return self._score(batch, ids, model)
+            return self._score(batch, ids, model, loaded)
         if host_ids is None:
             (host_ids,) = transfer.to_host(ids)
         losses, _ = self.store.lookup(host_ids)
         unknown = torch.isnan(losses)
         self.stats.stale_lookups += size - int(unknown.sum())
-        if unknown.any():
-            # Examples never scored (e.g. new ids) still need one forward to be ranked.
+        scoring = bool(unknown.any())
+        if self.forwards_in_lockstep:
+            scoring = not distributed.all_true(self.accelerator, not scoring)
+        if scoring or self.accelerator.num_processes > 1:
+            # Examples never scored (e.g. new ids) still need one forward to be ranked. A rank without any
+            # joins the ranks that score them: in the store's collective, and in the forward if it must.
             rows = transfer.to_device(unknown.nonzero().squeeze(1), ids.device)
-            losses[unknown] = transfer.to_host(self._score(_rows(batch, rows), ids[rows], model))[0]
-        elif self.accelerator.num_processes > 1:
-            # Keep the store's collective in lockstep with ranks that did score something.
-            self.observe(ids[:0], torch.zeros(0))
+            fresh = self._score(_rows(batch, rows), ids[rows], model, loaded, forward=scoring)
+            losses[unknown] = transfer.to_host(fresh)[0]
         return losses
 
-    def _score(self, batch: dict, ids: torch.Tensor | None, model: torch.nn.Module) -> torch.Tensor:
-        inputs = {k: v for k, v in batch.items() if k != self.index_column}
-        if _batch_length(batch) == 0:  # another rank scores rows: this one joins the store's collective
-            losses = torch.zeros(0)
-        else:
+    def _score(
+        self, batch: dict, ids: torch.Tensor | None, model: torch.nn.Module, loaded: dict, forward: bool = True
+    ) -> torch.Tensor:
+        """Losses of ``batch`` by a selection forward. A rank with no rows (another rank scores some) joins
+        the store's collective, and runs a forward on one row of ``loaded`` when ``forward`` and the weights
+        are sharded; its losses are dropped."""
+        size = _batch_length(batch)
+        if size > 0:
             with self.stats.timer("selection_forward_seconds"):
-                losses = self.scorer(model, inputs)
-        self.stats.selection_forwards += _batch_length(batch)
+                losses = self.scorer(model, {k: v for k, v in batch.items() if k != self.index_column})
+        else:
+            losses = torch.zeros(0)
+            if forward and self.forwards_in_lockstep:
+                with self.stats.timer("selection_forward_seconds"):
+                    self.scorer(model, {k: v[:1] for k, v in loaded.items() if k != self.index_column})
+                self.stats.lockstep_forwards += 1
+        self.stats.selection_forwards += size
         if self.records_training_losses:
             losses = self.observe(ids, losses)  # copied to the host with the ids, once
         return losses

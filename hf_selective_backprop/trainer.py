@@ -127,7 +127,7 @@ class SelectiveBackpropMixin:
             # Loaded under ZeRO-3 (zero.Init): each rank holds a shard of the weights, and a forward before
             # DeepSpeed's engine exists cannot gather them. Gathering them here would need the whole model on
             # one device, what ZeRO-3 avoids.
-            logger.info("the per-example loss is not checked against the model's before training: weights partitioned by ZeRO-3")
+            logger.info("weights partitioned by ZeRO-3: the per-example loss is not checked against the model's loss")
             return
         if isinstance(dataset, datasets.Dataset):
             dataset = self._remove_unused_columns(dataset, description="training")
@@ -223,7 +223,7 @@ class SelectiveBackpropMixin:
                 "supported: launch one process per GPU with `accelerate launch` (or torchrun), or make one GPU "
                 "visible (CUDA_VISIBLE_DEVICES=0)"
             )
-        if self.is_fsdp_enabled and self.selector.needs_losses and self.accelerator.state.fsdp_plugin.fsdp_version != 2:
+        if self.is_fsdp_enabled and self.selector.needs_losses and distributed.fsdp_version(self.accelerator) != 2:
             # The engine keeps sharded forwards in lockstep (docs/distributed.md), shown with torch's fully_shard
             # (FSDP2), which shards the module in place. FSDP1 wraps it, and the selection forward would have to
             # go through that wrapper: not shown.

@@ -9,8 +9,7 @@ from torch._dynamo.utils import counters
 from transformers import Trainer, TrainerCallback
 
 from hf_selective_backprop import SelectiveBackpropTrainer
-from hf_selective_backprop import trainer as trainer_module
-from hf_selective_backprop.engine import SelectionEngine
+from hf_selective_backprop.engine import SelectionEngine, distributed
 
 
 def build(output_dir, trainer_cls=SelectiveBackpropTrainer, model=None, **overrides):
@@ -31,23 +30,21 @@ def _pretend(monkeypatch, **flags):
     monkeypatch.setattr(Trainer, "create_accelerator_and_postprocess", create_then_flag)
 
 
-def test_fsdp_with_a_selection_forward_is_refused_at_construction(output_dir, monkeypatch):
+def test_fsdp1_with_a_selection_forward_is_refused_at_construction(output_dir, monkeypatch):
     _pretend(monkeypatch, is_fsdp_enabled=True)
-    with pytest.raises(ValueError, match=r"--sb_strategy sb runs selection forwards, which FSDP"):
+    monkeypatch.setattr(distributed, "fsdp_version", lambda accelerator: 1)
+    with pytest.raises(ValueError, match=r"--sb_strategy sb runs selection forwards, supported under FSDP version 2"):
         build(output_dir, sb_strategy="sb")
     # Strategies without a selection forward add no forward of their own: the Trainer's collectives stay as they are.
     assert build(output_dir, sb_strategy="uniform").selector is not None
 
 
-def test_deepspeed_zero3_with_a_selection_forward_is_refused(output_dir, monkeypatch):
-    _pretend(monkeypatch, is_deepspeed_enabled=True)
-    monkeypatch.setattr(trainer_module, "is_deepspeed_zero3_enabled", lambda: True)
-    with pytest.raises(ValueError, match="DeepSpeed ZeRO stage 3"):
-        build(output_dir, sb_strategy="sb", sb_staleness=2)
-    monkeypatch.setattr(trainer_module, "is_deepspeed_zero3_enabled", lambda: False)
-    # The pretended DeepSpeed has no plugin to cast the construction check's inputs with.
-    monkeypatch.setattr(SelectiveBackpropTrainer, "_check_automatic_loss", lambda self: None)
-    build(output_dir, sb_strategy="sb")  # ZeRO stage 1/2 shard no weights
+def test_fsdp2_with_a_selection_forward_is_accepted(output_dir, monkeypatch):
+    """FSDP2 shards the module in place; the engine keeps forwards in lockstep (tests/test_sharded.py)."""
+    _pretend(monkeypatch, is_fsdp_enabled=True)
+    monkeypatch.setattr(distributed, "fsdp_version", lambda accelerator: 2)
+    trainer = build(output_dir, sb_strategy="sb", sb_staleness=2)
+    assert trainer._selection_model() is trainer.model_wrapped
 
 
 def test_data_parallel_is_refused_naming_accelerate_launch(output_dir, monkeypatch):
@@ -122,7 +119,9 @@ def test_timers_wait_for_the_accelerator_only_when_asked(output_dir, monkeypatch
     trainer = build(output_dir, sb_sync_timers=sync_timers)
     # The engine as the trainer builds it, on an accelerator of this type (nothing runs on it here).
     accelerator = type("Accelerator", (), {"device": torch.device(device)})()
-    engine = SelectionEngine(trainer.args, trainer.selector, trainer.engine.scorer, accelerator, 8, 8)
+    engine = SelectionEngine(
+        trainer.args, trainer.selector, trainer.engine.scorer, accelerator, 8, 8, forwards_in_lockstep=False
+    )
     with engine.stats.timer("selection_forward_seconds"):
         assert len(calls) == waits // 2  # before the phase starts: work queued earlier is not its time
     assert calls == [torch.device(device)] * waits

@@ -15,10 +15,17 @@ def shards_weights(accelerator: Accelerator) -> bool:
     all-gathers them, so every rank must run the same number of forwards."""
     if accelerator.num_processes == 1:
         return False
-    if accelerator.distributed_type == DistributedType.FSDP:
+    if fsdp_version(accelerator) is not None:
         return True
     plugin = accelerator.state.deepspeed_plugin if accelerator.distributed_type == DistributedType.DEEPSPEED else None
     return plugin is not None and plugin.zero_stage == 3
+
+
+def fsdp_version(accelerator: Accelerator) -> int | None:
+    """1 or 2 when the model is (to be) wrapped by FSDP, else None."""
+    if accelerator.distributed_type != DistributedType.FSDP:
+        return None
+    return accelerator.state.fsdp_plugin.fsdp_version
 
 
 def all_true(accelerator: Accelerator, flag: bool) -> bool:

@@ -11,6 +11,11 @@ OLDEST_STAMP := $(OLDEST_VENV)/.installed
 # The oldest releases the requirements admit together: TRL 1.16 itself needs accelerate>=1.10.1.
 OLDEST_PINS := transformers==5.23.0 accelerate==1.10.1 trl==1.16.0
 
+# DeepSpeed (the deepspeed extra) is built from its source release, whose setup imports torch: it is installed
+# without build isolation, after torch and what its setup needs. scripts/build_deepspeed_ops.py then compiles its
+# CPU communication op once, so that test processes only load it.
+DEEPSPEED_BUILD_DEPS := hjson ninja py-cpuinfo msgpack einops
+
 .PHONY: venv demo test test-oldest lint benchmark gpu-check
 
 $(STAMP): pyproject.toml
@@ -18,7 +23,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# The exact PyTorch build is pinned here, not in the package's requirements.
 	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install --quiet -e ".[dev,benchmarks,trl]"
+	$(PY) -m pip install --quiet $(DEEPSPEED_BUILD_DEPS)
+	$(PY) -m pip install --quiet --no-build-isolation deepspeed
+	$(PY) -m pip install --quiet -e ".[dev,benchmarks,trl,deepspeed]"
+	$(PY) scripts/build_deepspeed_ops.py
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -33,7 +41,10 @@ $(OLDEST_STAMP): pyproject.toml
 	test -x $(OLDEST_PY) || $(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_PY) -m pip install --quiet --upgrade pip
 	$(OLDEST_PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(OLDEST_PY) -m pip install --quiet -e ".[dev,benchmarks,trl]" $(OLDEST_PINS)
+	$(OLDEST_PY) -m pip install --quiet $(DEEPSPEED_BUILD_DEPS)
+	$(OLDEST_PY) -m pip install --quiet --no-build-isolation deepspeed
+	$(OLDEST_PY) -m pip install --quiet -e ".[dev,benchmarks,trl,deepspeed]" $(OLDEST_PINS)
+	$(OLDEST_PY) scripts/build_deepspeed_ops.py
 	touch $(OLDEST_STAMP)
 
 test-oldest: $(OLDEST_STAMP)

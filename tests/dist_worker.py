@@ -211,10 +211,12 @@ def deepspeed_config(stage: int) -> dict:
 
 
 def full_weights(trainer) -> dict:
-    """The model's whole weights on every rank: under ZeRO-3 each rank holds a shard until gathered."""
+    """The model's whole weights on every rank: under ZeRO-3 and FSDP each rank holds a shard until gathered."""
     model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
     if not trainer.is_deepspeed_enabled:
-        return {k: v.detach().cpu().clone() for k, v in trainer.model.state_dict().items()}
+        # FSDP2 holds each weight as a DTensor sharded over the ranks.
+        return {k: getattr(v, "full_tensor", lambda v=v: v)().detach().cpu().clone()
+                for k, v in trainer.model.state_dict().items()}
     import deepspeed
 
     with deepspeed.zero.GatheredParameters(list(model.parameters())):
@@ -242,7 +244,8 @@ def main() -> None:
     parser.add_argument("--reference", action="store_true", help="'rholoss': a second TinyMLP as reference model")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: one GPU per process (NCCL)")
     parser.add_argument("--images", action="store_true", help="a conv net with BatchNorm on augmented tiny images")
-    parser.add_argument("--zero", type=int, choices=[1, 2, 3], default=None, help="DeepSpeed ZeRO stage (CPU)")
+    parser.add_argument("--zero", type=int, choices=[1, 2, 3], default=None, help="DeepSpeed ZeRO stage")
+    parser.add_argument("--fsdp", action="store_true", help="FSDP2 full sharding (CUDA: on the CPU it runs as DDP)")
     args = parser.parse_args()
 
     rank = int(os.environ.get("RANK", "0"))
@@ -268,6 +271,8 @@ def main() -> None:
         sb_history_scope=args.scope,
         sb_staleness=args.staleness,
         deepspeed=deepspeed_config(args.zero) if args.zero else None,
+        fsdp="full_shard" if args.fsdp else None,
+        fsdp_config={"version": 2} if args.fsdp else None,
     )
     torch.manual_seed(0)
     if args.text:

@@ -22,10 +22,10 @@ TIMEOUT = 240
 
 
 def run(out: Path, args: list[str], launcher: str = "torchrun", worker: Path = DIST_WORKER,
-        timeout: int = TIMEOUT) -> tuple[int | None, str]:
+        timeout: int = TIMEOUT, processes: int = 2) -> tuple[int | None, str]:
     """The launch's exit code (None after a timeout, its processes killed) and its output."""
     if launcher == "torchrun":
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(processes)]
     elif launcher == "accelerate":
         accelerate = Path(sys.executable).parent / "accelerate"
         cmd = [str(accelerate), "launch", "--config_file", str(ACCELERATE_CONFIG)]
@@ -52,9 +52,10 @@ def run(out: Path, args: list[str], launcher: str = "torchrun", worker: Path = D
         return None, output
 
 
-def launch(out: Path, args: list[str], launcher: str = "torchrun", worker: Path = DIST_WORKER) -> list[dict]:
+def launch(out: Path, args: list[str], launcher: str = "torchrun", worker: Path = DIST_WORKER,
+           processes: int = 2) -> list[dict]:
     """Run the worker and return each rank's results; fail on error or timeout (a hang)."""
-    code, output = run(out, args, launcher, worker)
+    code, output = run(out, args, launcher, worker, processes=processes)
     command = f"{worker.name} {' '.join(args)} ({launcher})"
     if code is None:
         pytest.fail(f"{command} did not finish in {TIMEOUT} s (hang?):\n{output[-4000:]}")

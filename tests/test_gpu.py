@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch import launch
 from tiny import TinyClassifier, TinyConv, make_config, make_dataset, make_image_dataset
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -194,3 +195,22 @@ def test_two_processes_stay_in_lockstep_under_nccl(tmp_path):
     for name, value in ranks[0]["weights"].items():
         assert torch.equal(value, ranks[1]["weights"][name]), name
     assert torch.equal(ranks[0]["store"]["losses"].nan_to_num(-1), ranks[1]["store"]["losses"].nan_to_num(-1))
+
+
+SHARDED_STALE = ["--device", "cuda", "--strategy", "sb", "--staleness", "2", "--loss", "id", "--epochs", "4",
+                 "--examples", "67", "--batch", "4", "--drop-last"]
+
+
+@pytest.mark.parametrize("sharding", [["--fsdp"], ["--zero", "3"]], ids=["fsdp2", "zero3"])
+def test_sharded_stale_sb_through_the_trainer_on_cuda(tmp_path, sharding):
+    """FSDP2 and ZeRO-3 through the Trainer, one process per GPU (up to two): ranks in lockstep, equal weights."""
+    if sharding[0] == "--zero":
+        pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
+    processes = min(torch.cuda.device_count(), 2)
+    ranks = launch(tmp_path, [*SHARDED_STALE, *sharding], processes=processes)
+    expected = "DistributedType.FSDP" if sharding[0] == "--fsdp" else "DistributedType.DEEPSPEED"
+    assert [r["distributed_type"] for r in ranks] == [expected] * processes
+    assert ranks[0]["global_step"] > 0
+    for rank in ranks[1:]:
+        assert rank["weights"].keys() == ranks[0]["weights"].keys()
+        assert all(torch.equal(rank["weights"][k], v) for k, v in ranks[0]["weights"].items())

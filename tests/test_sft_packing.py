@@ -133,7 +133,8 @@ def test_sb_on_packed_sft_trains_the_kept_sequences_repacked(output_dir, tokeniz
         assert packing.is_packed(batch) and batch["input_ids"].shape[0] == 1
         bounds = batch["cu_seq_lens_q"].tolist()
         assert len(bounds) - 1 == trainer.engine.batch_size
-        trained += [batch["input_ids"][0, start:end].tolist() for start, end in zip(bounds, bounds[1:])]
+        tokens = batch["input_ids"][0]
+        trained += [tokens[start:end].tolist() for start, end in zip(bounds[:-1], bounds[1:], strict=True)]
         assert torch.equal(batch["labels"][0, bounds[:-1]], torch.full((len(bounds) - 1,), -100))
     assert len(trained) == stats["backwards"]
     assert trained == trainer.queued[:len(trained)]
@@ -168,3 +169,15 @@ def test_a_per_example_loss_of_ones_own_is_refused_on_packed_rows(output_dir, to
     with pytest.raises(ValueError, match="per_example_loss_func with packing=True"):
         SelectiveBackpropSFTTrainer(model=sft_model(tokenizer), args=args, train_dataset=prompt_completion(8),
                                     processing_class=tokenizer, per_example_loss_func=lambda outputs, labels: None)
+
+
+@pytest.mark.parametrize("strategy", ["infobatch", "uniform"])
+def test_padding_free_sft_plans_sequences_before_loading(output_dir, tokenizer, strategy):
+    """padding_free=True alone: a dataset row is one sequence with its own id, so plans skip loading sequences."""
+    trainer = trainer_for(output_dir, tokenizer, prompt_completion(48), Recording, sb_strategy=strategy,
+                          padding_free=True, packing=False, max_length=None, num_train_epochs=3)
+    output = trainer.train()
+    stats = trainer.sb_stats
+    assert stats["examples_loaded"] == stats["kept"] < stats["considered"] == 3 * 48
+    assert stats["selection_forwards"] == 0 and torch.isfinite(torch.tensor(output.training_loss))
+    assert all(packing.is_packed(batch) for batch in trainer.trained)

@@ -87,7 +87,9 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
     """TRL's `SFTTrainer` that backpropagates only selected examples; ``args`` is a `SelectiveBackpropSFTConfig`.
 
     Prompt, completion-only and assistant-only masking apply to selection as to training: an example's
-    loss is its mean loss over the tokens SFT trains on.
+    loss is its mean loss over the tokens SFT trains on. With ``packing=True`` or ``padding_free=True``
+    selection keeps or drops the sequences of each packed row and trains the kept ones re-packed
+    (`engine.packing`; docs/text.md, "Packed SFT with selection").
     """
 
     config_class_name = "SelectiveBackpropSFTConfig"

@@ -8,12 +8,14 @@ the same log-probabilities, so selection ranks examples by exactly the tokens SF
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
 from trl import SFTConfig, SFTTrainer
 
 from .config import SelectiveBackpropArguments
+from .engine.packing import PackedScorer, SequenceRowsCollator, first_sequence_ids, packed_rows, per_sequence, swapped
 from .losses import ExampleLoss
 from .trainer import SelectiveBackpropMixin
 
@@ -28,14 +30,6 @@ class SelectiveBackpropSFTConfig(SelectiveBackpropArguments, SFTConfig):
         super()._validate_sb()
         if self.sb_strategy == "none":
             return
-        # A packed (or padding-free) row holds several examples, or a whole batch flattened into one row.
-        for flag in ("packing", "padding_free"):
-            if getattr(self, flag):
-                raise ValueError(
-                    f"{flag}=True puts several examples in one row, and selection keeps or drops single "
-                    f"examples: set {flag}=False (the examples are padded instead), or --sb_strategy none "
-                    "to train packed without selection"
-                )
         if self.label_smoothing_factor > 0:
             raise ValueError(
                 "label_smoothing_factor is deprecated in TRL's SFTTrainer and not supported with selection, whose "
@@ -54,6 +48,20 @@ class SFTExampleLoss(ExampleLoss):
     def __init__(self, loss_type: str = "nll", config=None, label_name: str = "labels"):
         super().__init__("causal-lm", config, 0.0, label_name)
         self.loss_type = loss_type
+        #: (seq_idx [1, tokens], sequences) of a packed row while `sequences` is entered: one loss per sequence.
+        self._packed: tuple[torch.Tensor, int] | None = None
+
+    @contextlib.contextmanager
+    def sequences(self, sequence_index: torch.Tensor, count: int | None = None):
+        """Inside, the outputs are those of one packed (padding-free) row whose token t belongs to sequence
+        ``sequence_index[0, t]`` (TRL's ``seq_idx``): one loss per sequence, ``count`` of them (all, by default)."""
+        if count is None:
+            count = int(sequence_index.max()) + 1 if sequence_index.numel() else 0
+        saved, self._packed = self._packed, (sequence_index, count)
+        try:
+            yield
+        finally:
+            self._packed = saved
 
     def forward_kwargs(self, labels: torch.Tensor) -> dict:
         """What the selection forward passes besides the inputs: the labels, through the fused head."""
@@ -62,18 +70,26 @@ class SFTExampleLoss(ExampleLoss):
     def sums_and_counts(self, outputs, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         log_probs = getattr(outputs, "log_probs", None)
         if log_probs is None:
+            if self._packed is not None:
+                raise ValueError("a packed row's per-sequence losses need the fused LM head's log_probs")
             return super().sums_and_counts(outputs, labels)
         tokens = -log_probs.float()
         if self.loss_type == "dft":
             tokens = tokens * log_probs.float().exp().detach()
-        return tokens.sum(dim=1), outputs.label_mask.sum(dim=1).to(tokens.dtype)
+        counts = outputs.label_mask.to(tokens.dtype)
+        if self._packed is not None:
+            sequence_index, count = self._packed
+            return per_sequence(tokens, sequence_index, count), per_sequence(counts, sequence_index, count)
+        return tokens.sum(dim=1), counts.sum(dim=1)
 
 
 class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
     """TRL's `SFTTrainer` that backpropagates only selected examples; ``args`` is a `SelectiveBackpropSFTConfig`.
 
     Prompt, completion-only and assistant-only masking apply to selection as to training: an example's
-    loss is its mean loss over the tokens SFT trains on.
+    loss is its mean loss over the tokens SFT trains on. With ``packing=True`` or ``padding_free=True``
+    selection keeps or drops the sequences of each packed row and trains the kept ones re-packed
+    (`engine.packing`; docs/text.md, "Packed SFT with selection").
     """
 
     config_class_name = "SelectiveBackpropSFTConfig"
@@ -83,7 +99,79 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
         if args is not None and not isinstance(args, SelectiveBackpropSFTConfig):
             raise TypeError(f"{type(self).__name__} needs args of type SelectiveBackpropSFTConfig (SFTConfig with the "
                             f"sb_* fields), got {type(args).__name__}")
+        if args is not None and args.sb_strategy != "none" and packs_sequences(args):
+            _refuse_on_packed_sequences(args, kwargs.get("per_example_loss_func"))
         super().__init__(model, args, *rest, **kwargs)
+
+    # ---- packed (padding-free) batches: selection keeps or drops sequences (engine/packing.py) ----
+
+    @property
+    def _packs_sequences(self) -> bool:
+        """Selection on padding-free batches: split into sequences, scored packed, trained re-packed."""
+        return self.selector is not None and getattr(self, "padding_free", False)
+
+    def _sequence_rows_collator(self, collator) -> SequenceRowsCollator:
+        first = first_sequence_ids(self.train_dataset, self.args.sb_index_column)
+        return SequenceRowsCollator(collator, self.data_collator.pad_token_id, self.args.sb_index_column, first)
+
+    def sequences_per_micro_batch(self) -> int:
+        """Sequences a re-packed training micro-batch holds: as many as a loaded training batch holds on average
+        (per_device_train_batch_size rows of the packed dataset), so a step trains as many sequences and, on
+        average, tokens as one of plain packed SFT, and the run's step count (and LR schedule) is unchanged."""
+        batch = self._train_batch_size
+        dataset = self.train_dataset
+        if "seq_lengths" not in getattr(dataset, "column_names", ()) or len(dataset) == 0:
+            return batch  # padding-free without packing: one dataset row is one sequence
+        sequences = sum(len(lengths) for lengths in dataset["seq_lengths"])
+        return max(round(batch * sequences / len(dataset)), 1)
+
+    def _build_engine(self):
+        engine = super()._build_engine()
+        if self._packs_sequences:
+            collator = self.data_collator
+            engine.scorer = PackedScorer(engine.scorer, collator.pad_token_id, collator.pad_to_multiple_of)
+            engine.batch_size = self.sequences_per_micro_batch()
+        return engine
+
+    def _check_automatic_loss(self) -> None:
+        if not self._packs_sequences:
+            return super()._check_automatic_loss()
+        with swapped(self, "data_collator", self._sequence_rows_collator(self.data_collator)):
+            return super()._check_automatic_loss()
+
+    def get_train_dataloader(self):
+        if not self._packs_sequences:
+            return super().get_train_dataloader()
+        with swapped(self, "data_collator", self._sequence_rows_collator(self.data_collator)):
+            return super().get_train_dataloader()
+
+    def _get_train_sampler(self, train_dataset=None):
+        sampler = super()._get_train_sampler(train_dataset)
+        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        if self._packs_sequences and sampler is not None and "seq_lengths" in getattr(dataset, "column_names", ()):
+            # A packed row holds several sequences: nothing is decided before loading (Stale-SB's stale epochs
+            # read each sequence's stored loss once loaded instead).
+            sampler.ids_by_position = None
+        return sampler
+
+    def get_batch_samples(self, epoch_iterator, num_batches, device):
+        micro_batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+        if self._packs_sequences:
+            collator = self.data_collator
+            micro_batches = [packed_rows(batch, collator.pad_token_id, collator.pad_to_multiple_of, self.label_name)
+                             for batch in micro_batches]
+        return micro_batches, num_items
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        sequence_index = inputs.get("seq_idx") if self._packs_sequences else None
+        if sequence_index is None or not isinstance(self.per_example_loss_func, SFTExampleLoss):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        # Weights and stored losses are per sequence of the packed row.
+        # The ids and weights (one per sequence; training_step set them aside) count the sequences.
+        extras = [t for t in (self._step_extras or ()) if t is not None]
+        count = extras[0].numel() if extras else None
+        with self.per_example_loss_func.sequences(sequence_index, count):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def _automatic_per_example_loss(self, label_smoothing: float):
         return SFTExampleLoss(self.args.loss_type, getattr(self.model, "config", None), self.label_name)
@@ -112,3 +200,33 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
         if self.args.average_tokens_across_devices and num_items_in_batch is not None:
             return self.accelerator.num_processes // self.get_tp_size()
         return 1
+
+
+def packs_sequences(args) -> bool:
+    """Whether TRL's collator flattens batches (padding-free), as `SFTTrainer` decides it."""
+    return bool(args.padding_free or (args.packing and args.packing_strategy in {"bfd", "bfd_split"}))
+
+
+def _refuse_on_packed_sequences(args, per_example_loss_func) -> None:
+    """What selection on padding-free batches cannot do, refused before TRL prepares the data."""
+    from .selectors import Selector, build_selector
+
+    how = "packing=True" if args.packing else "padding_free=True"
+    if per_example_loss_func is not None:
+        raise ValueError(
+            f"per_example_loss_func with {how}: a padding-free batch is one flattened row, which selection splits into "
+            "sequences with the automatic SFT loss only; leave per_example_loss_func out, or set packing=False and "
+            "padding_free=False"
+        )
+    selector = build_selector(args)
+    if selector.uses_reference_losses:
+        raise ValueError(
+            f"--sb_strategy {args.sb_strategy} with {how}: the reference pass scores dataset rows, which padding-free "
+            "batches flatten together; set packing=False and padding_free=False"
+        )
+    if args.packing and type(selector).plan_epoch is not Selector.plan_epoch:
+        raise ValueError(
+            f"--sb_strategy {args.sb_strategy} with packing=True: it decides before loading which rows an epoch "
+            "loads, and a packed row holds several sequences, so it cannot keep or drop one of them; use "
+            "packing=False (padding_free=True is supported), or a strategy that selects after scoring (sb)"
+        )

@@ -48,9 +48,9 @@ def weights(model):
 
 
 @pytest.mark.parametrize("flag", ["packing", "padding_free"])
-def test_packing_is_refused_with_selection_naming_the_flag(output_dir, flag):
-    with pytest.raises(ValueError, match=f"{flag}=True puts several examples in one row.*set {flag}=False"):
-        config(output_dir, **{flag: True})
+def test_packing_and_padding_free_are_accepted_with_selection(output_dir, flag):
+    # Selection keeps or drops the sequences of packed rows (tests/test_sft_packing.py).
+    assert getattr(config(output_dir, **{flag: True}), flag)
     assert getattr(config(output_dir, sb_strategy="none", **{flag: True}), flag)
 
 

@@ -16,12 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from dist_worker import NAN_IDS, id_loss
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from dist_worker import NAN_IDS, id_loss  # noqa: E402
-
-from hf_selective_backprop.engine.accounting import COUNTERS  # noqa: E402
+from hf_selective_backprop.engine.accounting import COUNTERS
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "tests" / "dist_worker.py"

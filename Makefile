@@ -13,12 +13,13 @@ OLDEST_PINS := transformers==5.23.0 accelerate==1.10.1 trl==1.16.0
 
 .PHONY: venv demo test test-oldest lint benchmark gpu-check
 
+# Every extra: the suite tests the workflows and the harness too (pyproject.toml says which extra is what).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# The exact PyTorch build is pinned here, not in the package's requirements.
 	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install --quiet -e ".[dev,benchmarks,trl]"
+	$(PY) -m pip install --quiet -e ".[dev,vision,metrics,benchmarks,trl]"
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -33,7 +34,7 @@ $(OLDEST_STAMP): pyproject.toml
 	test -x $(OLDEST_PY) || $(PYTHON) -m venv $(OLDEST_VENV)
 	$(OLDEST_PY) -m pip install --quiet --upgrade pip
 	$(OLDEST_PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(OLDEST_PY) -m pip install --quiet -e ".[dev,benchmarks,trl]" $(OLDEST_PINS)
+	$(OLDEST_PY) -m pip install --quiet -e ".[dev,vision,metrics,benchmarks,trl]" $(OLDEST_PINS)
 	touch $(OLDEST_STAMP)
 
 test-oldest: $(OLDEST_STAMP)

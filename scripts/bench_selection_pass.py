@@ -40,7 +40,8 @@ from transformers import HfArgumentParser  # noqa: E402
 
 from hf_selective_backprop.benchmarks.cost_model import forward_from_step, ideal_speedup, phi_from_times  # noqa: E402
 from hf_selective_backprop.benchmarks.provenance import provenance  # noqa: E402
-from hf_selective_backprop.benchmarks.runner import RunSettings, time_training  # noqa: E402
+from hf_selective_backprop.benchmarks.runner import time_training  # noqa: E402
+from hf_selective_backprop.benchmarks.settings import RunSettings  # noqa: E402
 from hf_selective_backprop.benchmarks.strategies import Strategy  # noqa: E402
 from hf_selective_backprop.benchmarks.timing import timed  # noqa: E402
 from hf_selective_backprop.data.datasets import ImageTensorDataset  # noqa: E402

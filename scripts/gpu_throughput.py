@@ -23,7 +23,8 @@ import torch
 
 from hf_selective_backprop.benchmarks.cost_model import r_from_times
 from hf_selective_backprop.benchmarks.gpu_report import render_throughput, throughput_rows
-from hf_selective_backprop.benchmarks.runner import RunSettings, run_strategy, write_log
+from hf_selective_backprop.benchmarks.runner import run_strategy, write_log
+from hf_selective_backprop.benchmarks.settings import RunSettings
 from hf_selective_backprop.benchmarks.strategies import Strategy, build_strategy
 from hf_selective_backprop.benchmarks.timing import median_seconds
 from hf_selective_backprop.benchmarks.workloads import cifar10_workload

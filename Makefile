@@ -18,6 +18,7 @@ DEEPSPEED_BUILD_DEPS := hjson ninja py-cpuinfo msgpack einops
 
 .PHONY: venv demo test test-oldest lint benchmark gpu-check
 
+# Every extra: the suite tests the workflows and the harness too (pyproject.toml says which extra is what).
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -25,7 +26,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(PY) -m pip install --quiet $(DEEPSPEED_BUILD_DEPS)
 	$(PY) -m pip install --quiet --no-build-isolation deepspeed
-	$(PY) -m pip install --quiet -e ".[dev,benchmarks,trl,deepspeed]"
+	$(PY) -m pip install --quiet -e ".[dev,vision,metrics,benchmarks,trl,deepspeed]"
 	$(PY) scripts/build_deepspeed_ops.py
 	touch $(STAMP)
 
@@ -43,7 +44,7 @@ $(OLDEST_STAMP): pyproject.toml
 	$(OLDEST_PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(OLDEST_PY) -m pip install --quiet $(DEEPSPEED_BUILD_DEPS)
 	$(OLDEST_PY) -m pip install --quiet --no-build-isolation deepspeed
-	$(OLDEST_PY) -m pip install --quiet -e ".[dev,benchmarks,trl,deepspeed]" $(OLDEST_PINS)
+	$(OLDEST_PY) -m pip install --quiet -e ".[dev,vision,metrics,benchmarks,trl,deepspeed]" $(OLDEST_PINS)
 	$(OLDEST_PY) scripts/build_deepspeed_ops.py
 	touch $(OLDEST_STAMP)
 

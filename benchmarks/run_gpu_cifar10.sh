@@ -20,7 +20,7 @@ EPOCHS=${EPOCHS:-30}
 STRATEGIES=${STRATEGIES:-traditional,sb,stale-sb,infobatch,uniform}
 # Threads of the main process, which decodes once and augments every batch on the CPU.
 COMMON=(--dataset $DATA/cifar10 --eval_split test --num_train_epochs $EPOCHS --threads ${THREADS:-4}
-        --interleave false --staleness 3 --batch_size 128 --learning_rate 0.1)
+        --staleness 3 --batch_size 128 --learning_rate 0.1)
 
 for SEED in ${SEEDS:-0 1 2}; do
     OUT=$R/seed$SEED

@@ -11,7 +11,8 @@ DATA=${DATA:-../shared/data}
 #    settings lose least accuracy per unit of time saved.
 #    SECTIONS="2 3" skips it (a rerun would rewrite its report and plots, leaving the tree unclean
 #    for the runs after it).
-DEV="--dataset $DATA/cifar10 --max_train_samples 5000 --max_eval_samples 1000 --num_train_epochs 10 --seed 0"
+# Interleaved (one epoch of each strategy in turn), as the sweep ran.
+DEV="--dataset $DATA/cifar10 --max_train_samples 5000 --max_eval_samples 1000 --num_train_epochs 10 --seed 0 --interleave true"
 if [[ " ${SECTIONS:-1 2 3 4} " == *" 1 "* ]]; then
     $PY scripts/benchmark.py $DEV --threads ${THREADS:-1} --output_dir $R/cifar10-dev-sweep \
         --strategies traditional,sb,infobatch,infobatch-r0.7
@@ -28,7 +29,7 @@ paper_protocol() {  # OUTPUT_DIR SEED DATASET_FLAGS...
     local OUT=$1 SEED=$2
     shift 2
     $PY scripts/benchmark.py "$@" --seed $SEED --threads ${THREADS:-1} --output_dir $OUT --keep ${KEEP:-0.5} \
-        --interleave false --staleness 2 --strategies traditional,infobatch,${BEST_SB:-sb-anneal},${BEST_STALE:-stale-sb-anneal}
+        --staleness 2 --strategies traditional,infobatch,${BEST_SB:-sb-anneal},${BEST_STALE:-stale-sb-anneal}
     $PY scripts/benchmark.py "$@" --seed $SEED --threads ${THREADS:-1} --output_dir $OUT --keep 0.3333 --strategies sb
     uniform_control "$OUT" "$SEED" "$@"
 }
@@ -68,7 +69,7 @@ fi
 if [[ " ${SECTIONS:-1 2 3 4} " == *" 4 "* ]]; then
     LONG=(--dataset $DATA/cifar10 --max_train_samples 2500 --max_eval_samples 2000 --num_train_epochs 30)
     for SEED in ${SEEDS:-0 1 2}; do
-        $PY scripts/benchmark.py "${LONG[@]}" --seed $SEED --threads ${THREADS:-1} --interleave false \
+        $PY scripts/benchmark.py "${LONG[@]}" --seed $SEED --threads ${THREADS:-1} \
             --output_dir $R/cifar10-long/seed$SEED --strategies traditional,infobatch
         uniform_control $R/cifar10-long/seed$SEED $SEED "${LONG[@]}"
     done

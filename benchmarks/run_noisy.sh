@@ -45,7 +45,7 @@ noisy_runs() {  # NOISE SEED
     local EVAL=(--dataset $DATA/cifar10 --max_eval_samples $EVAL_IMAGES --model $MODEL --label_noise $NOISE
                 --label_noise_seed $SEED)
     local SPLIT=(--max_train_samples $IMAGES --holdout_fraction 0.16666667 --holdout_seed $SEED)
-    local COMMON=(--num_train_epochs $EPOCHS --seed $SEED --threads $THREADS --interleave false)
+    local COMMON=(--num_train_epochs $EPOCHS --seed $SEED --threads $THREADS)
     if [[ ! -f $REF/train_results.json ]]; then
         rm -rf "$REF"  # a reference run killed before it finished
         $PY scripts/train.py "${EVAL[@]}" "${SPLIT[@]}" --train_on holdout --sb_strategy none \

@@ -16,6 +16,7 @@ __all__ = [
 _TRL_NAMES = ["SelectiveBackpropSFTConfig", "SelectiveBackpropSFTTrainer"]
 if importlib.util.find_spec("trl") is not None:
     __all__ += _TRL_NAMES
+# The one version string: pyproject.toml reads it ([tool.setuptools.dynamic]).
 __version__ = "0.1.0"
 
 # Importing transformers' Trainer takes seconds; the pure pieces (selectors, history, store,

@@ -20,8 +20,11 @@ registers them, which is all that a saved checkpoint needs to load again.
 from __future__ import annotations
 
 import torch
-from timm.models import register_model
 from torch import nn
+
+from ._optional import require
+
+register_model = require("timm.models", "hf_selective_backprop.cifar_nets (networks registered in timm)").register_model
 
 
 def _pretrained_cfg(**overrides) -> dict:

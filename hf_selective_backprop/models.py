@@ -6,11 +6,14 @@ import difflib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import timm
-from transformers import TimmWrapperConfig, TimmWrapperForImageClassification
+from ._optional import require
+
+timm = require("timm", "hf_selective_backprop.models (timm image models)")
+
+from transformers import TimmWrapperConfig, TimmWrapperForImageClassification  # noqa: E402
 
 # Registers the 32x32-native networks (cifar_resnet20, cifar_convnet_half, ...) as timm architectures.
-from . import cifar_nets  # noqa: F401
+from . import cifar_nets  # noqa: E402,F401
 
 # The parts of timm's pretrained config that describe inputs and heads; URLs, licences
 # and test-time sizes of the ImageNet weights would only mislead for a CIFAR-sized model.

@@ -28,8 +28,6 @@ import json
 import os
 import platform
 import statistics
-import sys
-import time
 from dataclasses import asdict, dataclass, field
 
 # On a shared 2-core machine, OpenMP threads that spin while waiting make every op up to ~10x
@@ -40,11 +38,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 from transformers import HfArgumentParser  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+from hf_selective_backprop.benchmarks.cost_model import forward_from_step, ideal_speedup, phi_from_times  # noqa: E402
 from hf_selective_backprop.benchmarks.provenance import provenance  # noqa: E402
-from hf_selective_backprop.benchmarks.runner import RunSettings, time_training  # noqa: E402
+from hf_selective_backprop.benchmarks.runner import time_training  # noqa: E402
+from hf_selective_backprop.benchmarks.settings import RunSettings  # noqa: E402
 from hf_selective_backprop.benchmarks.strategies import Strategy  # noqa: E402
+from hf_selective_backprop.benchmarks.timing import timed  # noqa: E402
 from hf_selective_backprop.data.datasets import ImageTensorDataset  # noqa: E402
 from hf_selective_backprop.data.transforms import BatchTransform  # noqa: E402
 from hf_selective_backprop.engine.scoring import SelectionScorer  # noqa: E402
@@ -138,12 +137,6 @@ def load_images(args: BenchArguments, n: int) -> tuple[torch.Tensor, torch.Tenso
     return data.train.images, data.train.labels
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
-
-
 def micro_benchmark(args: BenchArguments) -> dict:
     model = make_model(args)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
@@ -188,11 +181,12 @@ def micro_benchmark(args: BenchArguments) -> dict:
             fn()
     times = {name: [] for name in cases}
     names = list(cases)
+    device = next(model.parameters()).device
     for round_ in range(args.repeats):
         # Interleaved, and the order rotated every round so no case always follows the same one.
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
-            times[name].append(timed(cases[name][0]))
+            times[name].append(timed(cases[name][0], device))
 
     fidelity = rank_fidelity(model, batch)
     forward = statistics.median(times["train forward"]) / args.batch_size
@@ -299,8 +293,8 @@ def throughput(args: BenchArguments, micro: dict) -> dict:
             phi, ideal = 0.0, 1.0
         else:
             phi = micro["rows"][run["phi_case"]]["relative_to_forward"]
-            per_epoch_phi = phi / run["flags"].get("sb_staleness", 1)
-            ideal = (1 + r) / (per_epoch_phi + s * (1 + r))
+            # Stale-SB scores about 1/n of the examples it reads.
+            ideal = ideal_speedup(r, phi, kept=s, scored=1 / run["flags"].get("sb_staleness", 1))
         measured = statistics.median(ratios)
         breakdown, in_run_phi = {}, None
         if run["phi_case"] is not None:  # a selective run: Traditional has no selection time to split
@@ -310,10 +304,11 @@ def throughput(args: BenchArguments, micro: dict) -> dict:
             # phi as this run saw it: selection-forward seconds per scored example over the
             # Traditional run's seconds per example of the same round, times (1 + r).
             in_run_phi = statistics.median(
-                mine["stats"]["selection_forward_seconds"]
-                / max(mine["stats"]["selection_forwards"], 1)
-                / (base["wall_seconds"] / base["examples"])
-                * (1 + r)
+                phi_from_times(
+                    mine["stats"]["selection_forward_seconds"],
+                    max(mine["stats"]["selection_forwards"], 1),
+                    forward_from_step(base["wall_seconds"] / base["examples"], r),
+                )
                 for mine, base in zip(results[name], results["none"], strict=True)
             )
         table[name] = {
@@ -326,7 +321,7 @@ def throughput(args: BenchArguments, micro: dict) -> dict:
             "ideal_ratio": ideal,
             "ideal_ratio_at_nominal_keep": 1.0
             if run["phi_case"] is None
-            else (1 + r) / (phi / run["flags"].get("sb_staleness", 1) + args.keep * (1 + r)),
+            else ideal_speedup(r, phi, kept=args.keep, scored=1 / run["flags"].get("sb_staleness", 1)),
             "measured_over_ideal": measured / ideal,
             "loop_seconds": statistics.median(res["wall_seconds"] for res in results[name]),
             "breakdown_seconds": breakdown,

@@ -14,15 +14,12 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import sys
 import tempfile
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from hf_selective_backprop.engine.store import LossStore  # noqa: E402
+from hf_selective_backprop.engine.store import LossStore
 
 
 def _status_bytes(field: str) -> int | None:

@@ -33,7 +33,11 @@ missing = sorted(needed - names)
 licence = [name for name in names if name.endswith(".dist-info/licenses/LICENSE")]
 if missing or not licence:
     sys.exit(f"wheel lacks {missing or 'the LICENSE'}")
-print("wheel holds", ", ".join(sorted(needed)), "and", licence[0])
+# The benchmark harness stays in the repository (docs/architecture.md, "What ships").
+harness = sorted(name for name in names if name.startswith("hf_selective_backprop/benchmarks/"))
+if harness:
+    sys.exit(f"wheel holds the benchmark harness: {harness}")
+print("wheel holds", ", ".join(sorted(needed)), "and", licence[0], "and not the benchmark harness")
 EOF
 
 # The heavy dependencies (torch, transformers, ...) come from $PYTHON's site-packages through a
@@ -48,8 +52,11 @@ echo "$DEPS" > "$SITE/zz_dependencies.pth"
 cd "$WORK"
 "$VPY" -c '
 import sys, hf_selective_backprop
+from importlib import metadata
 assert hf_selective_backprop.__file__.startswith(sys.prefix), hf_selective_backprop.__file__
-print("imports", hf_selective_backprop.__file__)
+# One version string: the wheel'"'"'s metadata carries __version__.
+assert metadata.version("hf-selective-backprop") == hf_selective_backprop.__version__
+print("imports", hf_selective_backprop.__file__, "version", hf_selective_backprop.__version__)
 '
 HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 "$VPY" "$ROOT/scripts/train.py" \
     --dataset digits --model resnet18 --image_size 16 --max_train_samples 256 --max_eval_samples 64 \

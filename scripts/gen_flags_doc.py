@@ -15,11 +15,10 @@ import dataclasses
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
 # The public name, so that moving config.py inside the package does not break the generator.
-from hf_selective_backprop import SelectiveBackpropArguments, SelectiveBackpropConfig  # noqa: E402
+from hf_selective_backprop import SelectiveBackpropArguments, SelectiveBackpropConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PAGE = os.path.join(ROOT, "docs", "flags.md")
 COMMAND = "python scripts/gen_flags_doc.py"

@@ -4,16 +4,16 @@
 
 Reads each run folder that scripts/train_sft.py wrote (sb_stats.json, eval_results.json) and prints a
 markdown table: examples per second (examples read over training wall time), the speedup over the
-first run, and the cost model's ideal speedup (Jiang et al.: Traditional costs (1+r)F per example,
-SB phi*F + s(1+r)F, Stale-SB (phi/n)F + s(1+r)F) with the measured kept fraction s and selection-forward
-cost phi, and r = 2 (a backward costs two forwards).
+first run, and the cost model's ideal speedup (`hf_selective_backprop.benchmarks.cost_model`: Traditional
+costs (1+r)F per example, SB phi*F + s(1+r)F, Stale-SB (phi/n)F + s(1+r)F) with the measured kept
+fraction s and selection-forward cost phi, and r = 2 (a backward costs two forwards).
 """
 
 import argparse
 import json
 import os
 
-R = 2.0
+from hf_selective_backprop.benchmarks.cost_model import PAPER_R, forward_from_step, ideal_speedup, phi_from_times
 
 
 def load(folder: str) -> dict:
@@ -25,15 +25,16 @@ def load(folder: str) -> dict:
     return stats
 
 
-def ideal_speedup(stats: dict) -> float:
+def run_ideal_speedup(stats: dict) -> float:
     """The cost model's epoch speedup over Traditional, with this run's kept fraction and selection forward cost."""
-    if not stats.get("selection_forwards"):
-        return 1.0 / stats.get("kept_fraction", 1.0)  # Traditional, or a subset decided without scoring
+    kept = stats.get("kept_fraction", 1.0)
+    if not stats.get("selection_forwards"):  # Traditional, or a subset decided without scoring
+        return ideal_speedup(PAPER_R, phi=0.0, kept=kept, scored=0.0)
     # F from the training phase: each trained example cost (1 + r) F there.
-    forward = stats["training_seconds"] / stats["backwards"] / (1 + R)
-    phi = stats["selection_forward_seconds"] / stats["selection_forwards"] / forward
+    forward = forward_from_step(stats["training_seconds"] / stats["backwards"], PAPER_R)
+    phi = phi_from_times(stats["selection_forward_seconds"], stats["selection_forwards"], forward)
     share_scored = stats["selection_forwards"] / stats["examples_seen"]  # 1 for SB, about 1/n for Stale-SB
-    return (1 + R) / (phi * share_scored + stats["kept_fraction"] * (1 + R))
+    return ideal_speedup(PAPER_R, phi=phi, kept=kept, scored=share_scored)
 
 
 def main() -> None:
@@ -48,7 +49,7 @@ def main() -> None:
     for name, stats in runs:
         print(
             f"| {name} | {stats['examples_per_second']:.1f} | {stats['examples_per_second'] / base:.2f}x | "
-            f"{ideal_speedup(stats):.2f}x | {stats.get('kept_fraction', 1.0):.2f} | {stats['backwards']:,} | "
+            f"{run_ideal_speedup(stats):.2f}x | {stats.get('kept_fraction', 1.0):.2f} | {stats['backwards']:,} | "
             f"{stats.get('selection_forwards', 0):,} | {stats['eval_loss']:.4f} |"
         )
 

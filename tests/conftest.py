@@ -9,6 +9,10 @@ torch.set_num_threads(1)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The processes tests start (tests/*_worker.py under torchrun or accelerate launch, scripts/) import this checkout's
+# package, as the tests do, whichever copy an environment has installed.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")]))
 # cuBLAS reads it when it starts; deterministic algorithms on CUDA need it (tests/test_gpu.py's resume test).
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 

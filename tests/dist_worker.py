@@ -30,25 +30,21 @@ import argparse
 import hashlib
 import os
 import random
-import sys
 import warnings
 
 import torch
 import torch.nn.functional as F
+import user_strategy  # noqa: F401  (registers --sb_strategy easiest, defined outside the package; beside this file)
 from datasets import Dataset
+from text_tiny import NEGATIVE, POSITIVE, bert_config, word_tokenizer
+from tiny import TinyConv, make_image_dataset
 from torch import nn
 from transformers import BertForSequenceClassification, DataCollatorWithPadding, Trainer
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import user_strategy  # noqa: E402,F401  (registers --sb_strategy easiest, defined outside the package)
-from text_tiny import NEGATIVE, POSITIVE, bert_config, word_tokenizer  # noqa: E402
-from tiny import TinyConv, make_image_dataset  # noqa: E402
-
-from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer  # noqa: E402
-from hf_selective_backprop.data import BatchTransform  # noqa: E402
-from hf_selective_backprop.engine import SelectionEngine  # noqa: E402
-from hf_selective_backprop.trainer import WEIGHT_KEY  # noqa: E402
+from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
+from hf_selective_backprop.data import BatchTransform
+from hf_selective_backprop.engine import SelectionEngine
+from hf_selective_backprop.trainer import WEIGHT_KEY
 
 CLASSES = 4
 FEATURES = 8

@@ -9,12 +9,9 @@ import os
 import sys
 
 import torch
+from sft_data import prompt_completion, sft_model, sft_tokenizer  # beside this file: the script's sys.path[0]
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from sft_data import prompt_completion, sft_model, sft_tokenizer  # noqa: E402
-
-from hf_selective_backprop import SelectiveBackpropSFTConfig, SelectiveBackpropSFTTrainer  # noqa: E402
+from hf_selective_backprop import SelectiveBackpropSFTConfig, SelectiveBackpropSFTTrainer
 
 
 def main(out: str) -> None:

@@ -16,7 +16,7 @@ ROWS = 96  # the review folder's training rows
 def benchmark(folder, output_dir, strategies: str, **settings):
     args = BenchmarkArguments(
         output_dir=output_dir, strategies=strategies, num_train_epochs=1, evals_per_epoch=4, batch_size=8,
-        eval_batch_size=16, learning_rate=1e-3, optim="adamw_torch", interleave=False, seed=0, **settings,
+        eval_batch_size=16, learning_rate=1e-3, optim="adamw_torch", seed=0, **settings,
     )
     data_args = TextDataArguments(dataset=str(folder), label_column="sentiment", max_length=16)
     return main(args, lambda seed: text_workload(data_args, TINY_BERT, seed))

@@ -5,7 +5,7 @@ import time
 import torch
 from tiny import TinyClassifier, make_dataset
 
-from hf_selective_backprop.benchmarks.runner import RunSettings, make_config, time_training
+from hf_selective_backprop.benchmarks.runner import RunSettings, time_training
 from hf_selective_backprop.benchmarks.strategies import Strategy
 
 N, BATCH, EPOCHS = 64, 8, 2
@@ -19,9 +19,20 @@ def settings(tmp_path) -> RunSettings:
 
 
 def test_no_evaluation_setting_turns_the_trainers_evaluation_off(tmp_path):
-    config = make_config(Strategy("none", "Traditional", {"sb_strategy": "none"}),
-                         RunSettings(output_dir=str(tmp_path), num_train_epochs=1, evals_per_epoch=0), 1, str(tmp_path))
+    settings = RunSettings(output_dir=str(tmp_path), num_train_epochs=1, evals_per_epoch=0)
+    config = settings.config(str(tmp_path), 1, {"sb_strategy": "none"})
     assert config.eval_strategy == "no"
+
+
+def test_overrides_win_over_the_settings_and_the_benchmarks_fixed_choices(tmp_path):
+    settings = RunSettings(output_dir=str(tmp_path), num_train_epochs=1, seed=3, use_cpu=True)
+    config = settings.config(str(tmp_path), 2, {"sb_strategy": "uniform", "logging_steps": 10, "seed": 0,
+                                               "accelerator_config": {"non_blocking": False}})
+    assert (config.sb_strategy, config.logging_steps, config.seed, config.data_seed) == ("uniform", 10, 0, 3)
+    assert config.num_train_epochs == 2 and config.optim_args == "momentum=0.9" and config.save_strategy == "no"
+    assert not config.accelerator_config.non_blocking
+    # What a log records: every field but the output folder.
+    assert settings.logged()["seed"] == 3 and "output_dir" not in settings.logged()
 
 
 def test_time_training_counts_the_strategys_examples_and_times_only_the_loop(tmp_path):

@@ -8,18 +8,14 @@ killed after ``TIMEOUT`` seconds and fails the test instead of blocking the suit
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from dist_worker import NAN_IDS, id_loss
+from launch import launch as _launch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from dist_worker import NAN_IDS, id_loss  # noqa: E402
-from launch import launch as _launch  # noqa: E402
-
-from hf_selective_backprop.engine.accounting import COUNTERS  # noqa: E402
+from hf_selective_backprop.engine.accounting import COUNTERS
 
 EXAMPLES = 256
 

@@ -1,8 +1,12 @@
-"""Time-to-accuracy benchmarks of selection strategies (the paper's Table 1 and Figure 1).
+"""Time-to-accuracy benchmarks of selection strategies (the paper's Table 1 and Figure 1), and the GPU check's report.
 
-`runner` trains one strategy and logs test accuracy against training time after every
-epoch; `logs` reads the per-strategy JSON logs, `report` turns them into markdown tables and
-`plots` draws them. `logs`, `report` and `plots` need only the JSON logs (no torch, no
-transformers); `plots` needs matplotlib, from the optional `benchmarks` extra:
-`pip install "hf-selective-backprop[benchmarks]"`.
+`settings` holds what every run of a benchmark shares (`RunSettings`, which `cli.BenchmarkArguments`
+extends); `runner` trains one strategy and logs test accuracy against training time after every
+epoch; `logs` reads the per-strategy JSON logs, `report` turns them into markdown tables and `plots`
+draws them; `cost_model` is the paper's cost model, `timing` the one timer, and `gpu_report` renders
+`make gpu-check`'s report. `settings`, `logs`, `report`, `cost_model` and `gpu_report` need neither
+torch nor transformers; `plots` needs matplotlib.
+
+The harness is not in the wheel (docs/architecture.md, "What ships"): it runs from a clone, installed
+with `pip install -e ".[benchmarks]"`.
 """

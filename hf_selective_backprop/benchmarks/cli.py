@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from .logs import CLOCKS, load_logs
 from .report import epochs_for_budget, epochs_for_relative_budget, write_report
+from .settings import RunSettings
 from .strategies import DEFAULT_STRATEGIES, Strategy, build_strategy
 
 if TYPE_CHECKING:
@@ -19,8 +20,10 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class BenchmarkArguments:
-    output_dir: str = field(metadata={"help": "Where <strategy>.json logs, report.md and the PNGs go."})
+class BenchmarkArguments(RunSettings):
+    """The flags of scripts/benchmark.py and scripts/benchmark_text.py: the run settings every strategy shares
+    (`RunSettings`), which strategies run, and how their epochs are chosen."""
+
     strategies: str = field(
         default=",".join(DEFAULT_STRATEGIES),
         metadata={
@@ -39,7 +42,6 @@ class BenchmarkArguments:
             "choices": ["paper", "budget"],
         },
     )
-    num_train_epochs: float = field(default=10.0, metadata={"help": "Epochs of every run (paper protocol)."})
     keep: float = field(default=1.0 / 3.0, metadata={"help": "Kept fraction of every selection strategy (sb_keep)."})
     staleness: int = field(default=3, metadata={"help": "n of stale-sb and stale-rholoss."})
     reference_model: str | None = field(
@@ -70,52 +72,17 @@ class BenchmarkArguments:
             "choices": list(CLOCKS),
         },
     )
-    seed: int = field(default=42, metadata={"help": "Seed of every run (model init, data order, selection)."})
-    batch_size: int = field(default=128, metadata={"help": "Training batch size."})
-    eval_batch_size: int = field(default=256, metadata={"help": "Evaluation batch size."})
-    learning_rate: float = field(default=0.1, metadata={"help": "Peak SGD learning rate."})
-    momentum: float = field(default=0.9, metadata={"help": "SGD momentum."})
-    weight_decay: float = field(default=5e-4, metadata={"help": "Weight decay."})
-    lr_scheduler_type: str = field(default="linear", metadata={"help": "LR schedule over each run's epochs."})
-    lr_decay_milestones: list[float] | None = field(
-        default=None,
-        metadata={
-            "help": "Step decay on top of --lr_scheduler_type at these shares of each run (the paper's CIFAR-10 "
-            "schedule: --lr_scheduler_type constant --lr_decay_milestones 0.3 0.6 0.8 --lr_decay_factor 0.2)."
-        },
-    )
-    lr_decay_factor: float = field(default=0.2, metadata={"help": "Factor of each --lr_decay_milestones decay."})
-    train_eval_samples: int = field(
-        default=0,
-        metadata={
-            "help": "Also log, at every evaluation, the accuracy and the share of losses below 0.1 on the first N "
-            "training images without augmentation (convergence evidence). 0: off."
-        },
-    )
-    optim: str = field(
-        default="sgd", metadata={"help": "Optimizer (a TrainingArguments --optim value; sgd uses --momentum)."}
-    )
-    warmup_steps: float = field(
-        default=0.0, metadata={"help": "LR warm-up: steps, or a fraction of the run's steps when below 1."}
-    )
-    evals_per_epoch: float = field(
-        default=1.0,
-        metadata={
-            "help": "Evaluations per epoch of data read: above 1, more points on the error-vs-time curve of short "
-            "runs; below 1, fewer on long ones (0.5: every 2nd epoch); 0: one evaluation, after training (runs "
-            "whose final error is all that is read)."
-        },
-    )
     threads: int = field(
         default=1,
         metadata={"help": "torch.set_num_threads (1: on a shared 2-core machine 2 threads spin-wait and crawl)."},
     )
     title: str | None = field(default=None, metadata={"help": "Report title (default: from the logs)."})
     interleave: bool = field(
-        default=True,
+        default=False,
         metadata={
             "help": "Train the strategies in turns of one epoch (A B C A B C ...) so that a changing load on "
-            "a shared machine hits all of them alike; false: one after another (each JSON written as it ends)."
+            "a shared machine hits all of them alike. Default: one after another, each JSON written as it ends "
+            "(restartable, and what the scripts in benchmarks/ use on an idle machine)."
         },
     )
     report_only: bool = field(
@@ -123,18 +90,11 @@ class BenchmarkArguments:
     )
 
     def __post_init__(self):
+        super().__post_init__()
         if self.protocol == "budget" and self.paper_dir is None and not self.report_only:
             raise ValueError("--protocol budget needs --paper_dir (the paper-protocol logs that give epoch costs)")
         if not 0.0 < self.keep <= 1.0:
             raise ValueError(f"--keep must be in (0, 1], got {self.keep}")
-        if self.train_eval_samples < 0:
-            raise ValueError(f"--train_eval_samples must be >= 0, got {self.train_eval_samples}")
-        if self.lr_decay_milestones is not None:
-            from ..lr_schedule import check_milestones
-
-            check_milestones(self.lr_decay_milestones, self.lr_decay_factor)
-        if not 0 <= self.evals_per_epoch < float("inf"):
-            raise ValueError(f"--evals_per_epoch must be >= 0, got {self.evals_per_epoch}")
 
     def strategy_list(self) -> list[Strategy]:
         warmup = self.warmup_epochs if self.warmup_epochs is not None else int(self.num_train_epochs // 2)
@@ -200,7 +160,7 @@ def main(args: BenchmarkArguments, load_workload: Callable[[int], Workload]) -> 
     import torch
     from tqdm.auto import tqdm
 
-    from .runner import RunSettings, run_interleaved, run_strategy, write_log
+    from .runner import run_interleaved, run_strategy, write_log
 
     torch.set_num_threads(args.threads)
     strategies = args.strategy_list()
@@ -211,23 +171,7 @@ def main(args: BenchmarkArguments, load_workload: Callable[[int], Workload]) -> 
     for s in strategies:
         if s not in todo:
             logger.warning("%s: %s.json exists, skipped (delete it to re-run)", s.name, s.name)
-    settings = RunSettings(
-        output_dir=args.output_dir,
-        num_train_epochs=args.num_train_epochs,
-        seed=args.seed,
-        batch_size=args.batch_size,
-        eval_batch_size=args.eval_batch_size,
-        learning_rate=args.learning_rate,
-        momentum=args.momentum,
-        weight_decay=args.weight_decay,
-        lr_scheduler_type=args.lr_scheduler_type,
-        optim=args.optim,
-        warmup_steps=args.warmup_steps,
-        evals_per_epoch=args.evals_per_epoch,
-        lr_decay_milestones=tuple(args.lr_decay_milestones) if args.lr_decay_milestones else None,
-        lr_decay_factor=args.lr_decay_factor,
-        train_eval_samples=args.train_eval_samples,
-    )
+    settings = args.run_settings()
     if todo:
         workload = load_workload(args.seed)
         progress = tqdm(total=len(todo), desc="strategies", unit="run")

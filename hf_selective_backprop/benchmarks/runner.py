@@ -31,17 +31,16 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 from transformers import TrainerCallback, default_data_collator, set_seed
 
 from ..cards import training_costs
-from ..config import SelectiveBackpropConfig
 from ..metrics import compute_metrics
 from ..trainer import SelectiveBackpropTrainer
 from .provenance import provenance
+from .settings import RunSettings
 from .strategies import Strategy
 from .workloads import Workload
 
@@ -244,32 +243,6 @@ class BenchmarkTrainer(SelectiveBackpropTrainer):
 FIT_LOSS = 0.1
 
 
-@dataclass
-class RunSettings:
-    """What every strategy of one benchmark shares."""
-
-    output_dir: str
-    num_train_epochs: float
-    seed: int = 42
-    batch_size: int = 128
-    eval_batch_size: int = 256
-    learning_rate: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    lr_scheduler_type: str = "linear"
-    optim: str = "sgd"
-    warmup_steps: float = 0.0
-    #: 0: no evaluation at all (throughput runs, `time_training`).
-    evals_per_epoch: float = 1.0
-    #: None: the GPU when there is one. A CPU-only measurement sets True.
-    use_cpu: bool | None = None
-    #: Step decay (`lr_schedule`): shares of the run at which the learning rate is multiplied by the factor.
-    lr_decay_milestones: tuple[float, ...] | None = None
-    lr_decay_factor: float = 0.2
-    #: Unaugmented training rows (the first N) whose accuracy and loss every evaluation also logs; 0: none.
-    train_eval_samples: int = 0
-
-
 def _own_augmentation(dataset, seed: int):
     """A view of `dataset` whose augmentation draws from its own generator, seeded as loaded.
 
@@ -306,38 +279,6 @@ def _stats(trainer: BenchmarkTrainer) -> dict:
     return stats
 
 
-def make_config(
-    strategy: Strategy, settings: RunSettings, num_train_epochs: float, run_dir: str
-) -> SelectiveBackpropConfig:
-    return SelectiveBackpropConfig(
-        output_dir=run_dir,
-        num_train_epochs=num_train_epochs,
-        per_device_train_batch_size=settings.batch_size,
-        per_device_eval_batch_size=settings.eval_batch_size,
-        learning_rate=settings.learning_rate,
-        weight_decay=settings.weight_decay,
-        optim=settings.optim,
-        optim_args=f"momentum={settings.momentum}" if settings.optim.startswith("sgd") else None,
-        lr_scheduler_type=settings.lr_scheduler_type,
-        lr_decay_milestones=list(settings.lr_decay_milestones) if settings.lr_decay_milestones else None,
-        lr_decay_factor=settings.lr_decay_factor,
-        warmup_steps=settings.warmup_steps,
-        # Other than one evaluation per epoch: `_EvaluateEveryFraction` decides when.
-        eval_strategy="epoch" if settings.evals_per_epoch == 1 else "no",
-        save_strategy="no",
-        logging_steps=50,
-        report_to="none",
-        seed=settings.seed,
-        data_seed=settings.seed,
-        use_cpu=not torch.cuda.is_available() if settings.use_cpu is None else settings.use_cpu,
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        # On a GPU the loader copies each batch from pinned memory without making the host wait (docs/gpu.md).
-        accelerator_config={"non_blocking": torch.cuda.is_available()},
-        **strategy.overrides,
-    )
-
-
 def run_strategy(
     strategy: Strategy,
     workload: Workload,
@@ -354,7 +295,7 @@ def run_strategy(
         turnstile.wait(strategy.name)
     # The Trainer's own output (sb_stats.json, already in the log) stays out of the results folder.
     run_dir = tempfile.mkdtemp(prefix=f"benchmark-{strategy.name}-")
-    config = make_config(strategy, settings, num_train_epochs, run_dir)
+    config = settings.config(run_dir, num_train_epochs, strategy.overrides)
     set_seed(settings.seed)
     trainer = BenchmarkTrainer(
         model=workload.build_model(),
@@ -398,7 +339,7 @@ def run_strategy(
         "epochs_trained": epochs,
         "train_examples": rows,
         "eval_examples": len(workload.eval) if workload.eval is not None else 0,
-        "settings": {k: v for k, v in vars(settings).items() if k != "output_dir"},
+        "settings": settings.logged(),
         "model": workload.model_name,
         "dataset": workload.dataset_id,
         "evals": trainer.evals,
@@ -462,12 +403,12 @@ def time_training(
 ) -> dict:
     """Train `model` in place without evaluating; the loop's time and the trainer's counters.
 
-    For throughput measurements: the configuration (`make_config`) and the clock (`BenchmarkTrainer`:
+    For throughput measurements: the configuration (`RunSettings.config`) and the clock (`BenchmarkTrainer`:
     from the training loop's start to the last epoch's end, so the Trainer's set-up and wrap-up are
     left out) are those of the time-to-accuracy runs. The caller seeds and initialises `model`.
     """
     with tempfile.TemporaryDirectory(prefix=f"throughput-{strategy.name}-") as run_dir:
-        config = make_config(strategy, dataclasses.replace(settings, evals_per_epoch=0), num_train_epochs, run_dir)
+        config = dataclasses.replace(settings, evals_per_epoch=0).config(run_dir, num_train_epochs, strategy.overrides)
         trainer = BenchmarkTrainer(model=model, args=config, train_dataset=train_dataset)
         trainer.train()
     wall, cpu = trainer.loop_seconds

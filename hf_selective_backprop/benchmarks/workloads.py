@@ -76,3 +76,15 @@ def text_workload(data_args, model_args, seed: int) -> Workload:
         data_collator=DataCollatorWithPadding(tokenizer),
         processing_class=tokenizer,
     )
+
+
+def cifar10_workload(data: str, max_train_samples: int | None, seed: int = 0) -> Workload:
+    """CIFAR-10 (a folder in the Hub's layout, or a Hub id) decoded once and augmented per batch, its test split
+    capped at 2,000 images, and timm resnet18: the GPU check's workload (scripts/gpu_diagnostics.py,
+    scripts/gpu_throughput.py), as the CPU benchmarks build it."""
+    from ..data import DataArguments
+    from ..models import ModelArguments
+
+    data_args = DataArguments(dataset=data, eval_split="test", max_train_samples=max_train_samples,
+                              max_eval_samples=2000)
+    return image_workload(data_args, ModelArguments(model="resnet18"), seed)

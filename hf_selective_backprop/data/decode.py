@@ -12,9 +12,15 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
-from PIL import Image
-from torchvision.io import ImageReadMode, decode_image
-from torchvision.transforms.v2 import functional as F
+
+from .._optional import require
+
+require("torchvision", "image decoding (hf_selective_backprop.data)")
+require("PIL", "image decoding (hf_selective_backprop.data)")
+
+from PIL import Image  # noqa: E402
+from torchvision.io import ImageReadMode, decode_image  # noqa: E402
+from torchvision.transforms.v2 import functional as F  # noqa: E402
 
 _JPEG_OR_PNG = (b"\xff\xd8", b"\x89PNG")
 # File signatures, to tell a damaged image of a known format from bytes that are no image at all.

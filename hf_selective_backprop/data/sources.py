@@ -74,6 +74,9 @@ def sklearn_digits(test_size: int = 360, seed: int = 0) -> datasets.DatasetDict:
     Real handwritten digits that ship inside scikit-learn: a dataset that needs no download,
     for smoke runs and tests. Pixel values 0..16 are scaled to 0..255.
     """
+    from .._optional import require
+
+    require("sklearn", "the digits dataset (scikit-learn's bundled digits)")
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 

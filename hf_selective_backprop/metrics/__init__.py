@@ -5,8 +5,11 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-import evaluate
 import numpy as np
+
+from .._optional import require
+
+evaluate = require("evaluate", "hf_selective_backprop.metrics (the accuracy metric)")
 
 ACCURACY_PATH = Path(__file__).resolve().parent / "accuracy"
 

@@ -1,0 +1,105 @@
+"""What ships (docs/architecture.md, "What ships"): the core runs without the workflows' optional dependencies,
+a workflow without its extra says which extra to install, and the version is defined once."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Hides the optional dependencies from the import system as if they were not installed: every finder answers
+# "not found" for them, so `import timm` fails and transformers' and datasets' availability checks say no.
+HIDE = textwrap.dedent("""
+    import sys
+
+    HIDDEN = {"timm", "torchvision", "PIL", "evaluate", "sklearn", "matplotlib"}
+
+    class Hide:
+        def __init__(self, finder):
+            self.finder = finder
+
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in HIDDEN:
+                return None
+            return self.finder.find_spec(name, path, target)
+
+        def __getattr__(self, attribute):
+            return getattr(self.finder, attribute)
+
+    sys.meta_path[:] = [Hide(finder) for finder in sys.meta_path]
+""")
+
+
+def run(code: str, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", HIDE + textwrap.dedent(code)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_core_trains_and_writes_its_card_without_any_optional_dependency(tmp_path):
+    result = run("""
+        import sys
+        import torch
+        from datasets import Dataset
+        from torch import nn
+
+        from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
+
+        class Tiny(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.linear = nn.Linear(4, 3)
+
+            def forward(self, pixel_values, labels=None):
+                logits = self.linear(pixel_values)
+                if labels is None:
+                    return {"logits": logits}
+                return {"logits": logits, "loss": nn.functional.cross_entropy(logits, labels)}
+
+        x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+        data = Dataset.from_dict({"pixel_values": x.tolist(), "labels": (x[:, 0] > 0).long().tolist()})
+        args = SelectiveBackpropConfig("out", per_device_train_batch_size=8, num_train_epochs=2, sb_keep=0.5,
+                                       sb_staleness=2, use_cpu=True, report_to=[], save_strategy="no",
+                                       disable_tqdm=True)
+        trainer = SelectiveBackpropTrainer(model=Tiny(), args=args, train_dataset=data.with_format("torch"))
+        trainer.train()
+        trainer.create_model_card()
+        assert trainer.sb_stats["backwards"] < trainer.sb_stats["examples_seen"], trainer.sb_stats
+        loaded = sorted({m.split(".")[0] for m in sys.modules} & HIDDEN)
+        assert not loaded, loaded
+        print("ok")
+    """, tmp_path)
+    output = result.stdout[-2000:] + result.stderr[-3000:]
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), output
+    assert "selective-backprop" in (tmp_path / "out" / "README.md").read_text()
+
+
+@pytest.mark.parametrize(("statement", "extra"), [
+    ("import hf_selective_backprop.models", "vision"),
+    ("from hf_selective_backprop.data import load_image_data", "vision"),
+    ("import hf_selective_backprop.metrics", "metrics"),
+    ("import hf_selective_backprop.workflow", "vision"),
+])
+def test_a_workflow_without_its_extra_names_the_extra_to_install(statement, extra, tmp_path):
+    result = run(f"""
+        try:
+            {statement}
+        except ImportError as error:
+            print(error)
+        else:
+            print("imported")
+    """, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"pip install 'hf-selective-backprop[{extra}]'" in result.stdout, result.stdout
+
+
+def test_the_version_is_defined_once():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "hf_selective_backprop.__version__"}
+    import hf_selective_backprop
+
+    assert hf_selective_backprop.__version__.count(".") == 2

@@ -2,7 +2,8 @@
 
 Each rank streams its own share (``datasets.distributed.split_dataset_by_node``) under torchrun (gloo).
 ``--mode first`` trains the uninterrupted run, then the same run with a checkpoint every 5 steps;
-``--mode resume`` resumes the second from its first checkpoint inside a stale pass. Each writes
+``--mode resume`` resumes the second from its first checkpoint inside a stale pass; ``--mode strategies``
+trains InfoBatch and RHO-LOSS (a reference model scoring each rank's share). Each writes
 ``<out>/rank{r}.pt``: the weights, the summed counters, the store and the ids this rank trained.
 """
 
@@ -23,6 +24,7 @@ from tiny import TinyClassifier, make_config  # noqa: E402
 
 from hf_selective_backprop import SelectiveBackpropTrainer  # noqa: E402
 from hf_selective_backprop.engine.checkpoints import STATE_FILE  # noqa: E402
+from hf_selective_backprop.trainer import WEIGHT_KEY  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -31,16 +33,21 @@ class Recording(SelectiveBackpropTrainer):
     def training_step(self, model, inputs, num_items_in_batch=None):
         self.trained_ids = getattr(self, "trained_ids", [])
         self.trained_ids += inputs["index"].tolist()
+        self.weights_seen = getattr(self, "weights_seen", set())
+        if WEIGHT_KEY in inputs:
+            self.weights_seen |= set(inputs[WEIGHT_KEY].tolist())
         return super().training_step(model, inputs, num_items_in_batch)
 
 
-def run(data: str, output_dir: str, resume: str | None = None, **overrides) -> Recording:
+def run(data: str, output_dir: str, resume: str | None = None, reference_model=None, **overrides) -> Recording:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     share = split_dataset_by_node(load_dataset("parquet", data_files=data, split="train", streaming=True),
                                   rank=rank, world_size=world)
-    args = make_config(output_dir, max_steps=16, per_device_train_batch_size=4, sb_selection_batch_size=8,
-                       sb_strategy="sb", sb_staleness=2, ddp_backend="gloo", ddp_timeout=90, **overrides)
-    trainer = Recording(model=TinyClassifier(), train_dataset=share, args=args)
+    settings = dict(max_steps=16, per_device_train_batch_size=4, sb_selection_batch_size=8, sb_strategy="sb",
+                    sb_staleness=2, ddp_backend="gloo", ddp_timeout=90)
+    settings.update(overrides)
+    trainer = Recording(model=TinyClassifier(), train_dataset=share, args=make_config(output_dir, **settings),
+                        reference_model=reference_model)
     trainer.train(resume_from_checkpoint=resume)
     return trainer
 
@@ -58,9 +65,25 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--data", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--mode", choices=["first", "resume"], required=True)
+    parser.add_argument("--mode", choices=["first", "resume", "strategies"], required=True)
     options = parser.parse_args()
     partial = os.path.join(options.out, "..", "partial")
+    if options.mode == "strategies":
+        results = {}
+        for name, settings in {
+            "infobatch": dict(sb_strategy="infobatch", sb_staleness=1, sb_prune_ratio=0.5, sb_anneal_delta=0.75),
+            "rholoss": dict(sb_strategy="rholoss", sb_staleness=1, reference_model=TinyClassifier(seed=5)),
+        }.items():
+            trainer = run(options.data, os.path.join(options.out, name), **settings)
+            irreducible = trainer.engine.irreducible
+            results[name] = {
+                "params": [p.detach().cpu().clone() for p in trainer.model.parameters()],
+                "stats": trainer.sb_stats,
+                "irreducible": None if irreducible is None else irreducible.losses.clone(),
+                "weights": trainer.weights_seen,
+            }
+        torch.save(results, os.path.join(options.out, f"rank{trainer.args.process_index}.pt"))
+        return
     if options.mode == "first":
         trainer = run(options.data, options.out)
         run(options.data, partial, save_strategy="steps", save_steps=5)

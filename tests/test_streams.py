@@ -19,6 +19,9 @@ from tiny import TinyClassifier, make_config, make_dataset
 
 from hf_selective_backprop import SelectiveBackpropTrainer
 from hf_selective_backprop.engine.checkpoints import STATE_FILE
+from hf_selective_backprop.engine.indexing import MIN_ID_SPAN
+from hf_selective_backprop.engine.store import LossStore
+from hf_selective_backprop.engine.streams import check_id_bound
 from hf_selective_backprop.trainer import WEIGHT_KEY
 
 ROWS = 48
@@ -171,23 +174,25 @@ def test_map_style_infobatch_still_needs_an_epoch_based_run(tmp_path):
         train(str(tmp_path / "out"), make_dataset(ROWS), sb_strategy="infobatch", max_steps=5)
 
 
+def _launch_stream_worker(tmp_path: Path, path: str, mode: str) -> list[dict]:
+    out = tmp_path / mode
+    out.mkdir()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(ROOT / "tests" / "stream_worker.py"), "--data", path, "--out", str(out), "--mode", mode]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+
+
 @pytest.mark.slow
 def test_two_processes_stream_their_shares_in_lockstep(tmp_path):
     """torchrun, 2 CPU processes over gloo: each rank streams its share (split_dataset_by_node) under Stale-SB;
     the ranks stay in lockstep and end with the same weights, and a run resumed inside a stale pass ends with
     the uninterrupted run's weights."""
     path = write_parquet(tmp_path, rows=64)
-    for mode in ("first", "resume"):
-        out = tmp_path / mode
-        out.mkdir()
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(ROOT / "tests" / "stream_worker.py"), "--data", path, "--out", str(out), "--mode", mode]
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-        env["OMP_NUM_THREADS"] = "1"
-        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
-        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    results = {mode: [torch.load(tmp_path / mode / f"rank{r}.pt", weights_only=False) for r in range(2)]
-               for mode in ("first", "resume")}
+    results = {mode: _launch_stream_worker(tmp_path, path, mode) for mode in ("first", "resume")}
     first = results["first"]
     for ours, theirs in zip(first[0]["params"], first[1]["params"], strict=True):
         assert torch.equal(ours, theirs)  # same weights on both ranks
@@ -201,3 +206,39 @@ def test_two_processes_stream_their_shares_in_lockstep(tmp_path):
         for ours, theirs in zip(resumed[rank]["params"], first[rank]["params"], strict=True):
             assert torch.equal(ours, theirs)  # the resumed run is the uninterrupted one
         torch.testing.assert_close(resumed[rank]["store"], first[rank]["store"], rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_two_processes_stream_their_shares_under_infobatch_and_rholoss(tmp_path):
+    """InfoBatch (each rank prunes its rows by the one store's mean) and RHO-LOSS (the reference scores each
+    rank's share once, in lockstep, and both ranks hold every id's irreducible loss) on split streams."""
+    ranks = _launch_stream_worker(tmp_path, write_parquet(tmp_path, rows=64), "strategies")
+    for name in ("infobatch", "rholoss"):
+        for ours, theirs in zip(ranks[0][name]["params"], ranks[1][name]["params"], strict=True):
+            assert torch.equal(ours, theirs), name
+    infobatch = ranks[0]["infobatch"]
+    assert infobatch["stats"]["kept"] < infobatch["stats"]["considered"]
+    assert infobatch["weights"] | ranks[1]["infobatch"]["weights"] == {1.0, 2.0}
+    rholoss = [rank["rholoss"] for rank in ranks]
+    assert rholoss[0]["stats"]["reference_forwards"] == 64  # summed over ranks: each scored its share
+    assert rholoss[0]["irreducible"].numel() == 64 and bool(torch.isfinite(rholoss[0]["irreducible"]).all())
+    torch.testing.assert_close(rholoss[0]["irreducible"], rholoss[1]["irreducible"], rtol=0, atol=0)
+
+
+def test_a_streams_store_grows_in_few_allocations_as_ids_arrive():
+    store = LossStore()
+    buffers = set()
+    for start in range(0, 10_000, 8):  # ids in increasing order, as an unshuffled stream brings them
+        store.update(torch.arange(start, start + 8), torch.ones(8), epoch=0)
+        buffers.add(store.losses.untyped_storage().data_ptr())
+        assert len(store) == start + 8 and store.losses.is_contiguous()
+    assert len(buffers) < 30  # 1.5x growth: O(log N) reallocations, not one per batch
+    assert store.losses.untyped_storage().nbytes() <= 1.5 * 4 * 10_000
+    assert store.state_dict()["losses"].untyped_storage().nbytes() == 4 * 10_000  # saved at its size
+
+
+def test_a_streams_id_far_beyond_the_rows_read_is_refused_naming_the_column():
+    check_id_bound(torch.tensor([3, MIN_ID_SPAN - 1]), rows_read=8, column="row_id")
+    with pytest.raises(ValueError, match=r"--sb_index_column 'row_id' holds 10000000000 after 8 rows of the stream: "
+                                         r".* 111.8 GiB per process; renumber the ids densely"):
+        check_id_bound(torch.tensor([3, 10**10]), rows_read=8, column="row_id")

@@ -22,8 +22,8 @@ class InfoBatchSelector(Selector):
     The decision is made before loading (``plan_epoch``), so pruned examples cost no loading,
     augmentation, forward or backward. A stream cannot be planned: each loaded batch's rows are
     decided by the same rule from their stored losses and the store's mean at the epoch's start
-    (``plan_rows``), so pruned rows are read and collated but not trained. In an epoch that is not decided before loading (for
-    example under ``sb_interrupt``) every loaded row is trained.
+    (``plan_rows``), so pruned rows are read and collated but not trained. In an epoch that is not
+    decided before loading (for example under ``sb_interrupt``) every loaded row is trained.
     """
 
     needs_losses = False

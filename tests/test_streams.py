@@ -164,8 +164,10 @@ def test_a_stream_of_unknown_columns_without_ids_fails_at_its_first_batch(tmp_pa
         train(str(tmp_path / "out"), Rows(), sb_staleness=2)
 
 
-def test_plain_sb_on_a_stream_still_needs_no_ids(tmp_path):
-    trainer = train(str(tmp_path / "out"), stream(write_parquet(tmp_path, with_index=False)), max_steps=4)
+@pytest.mark.parametrize("strategy", ["sb", "uniform"])
+def test_strategies_without_stored_losses_need_no_ids_on_a_stream(strategy, tmp_path):
+    trainer = train(str(tmp_path / "out"), stream(write_parquet(tmp_path, with_index=False)), max_steps=4,
+                    sb_strategy=strategy)
     assert trainer.state.global_step == 4
 
 

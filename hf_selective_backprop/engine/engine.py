@@ -274,7 +274,7 @@ class SelectionEngine:
         --sb_selection_scale / --sb_selection_channels_last inputs fails now, not when the schedule
         (sb_start, warm-up epochs) first turns selection on."""
         self.inputs_checked = True
-        needs = streams.id_needs(self.args, self.selector)
+        needs = streams.id_needs(self.args, self.selector, stream=self.sampler is None)
         if self.index_column not in batch and needs is not None:
             # Without ids the store and the epoch's plan cannot key examples (it used to fail in the store); a
             # stream whose columns are not known before reading it fails here, at its first batch.

@@ -31,11 +31,12 @@ def is_stream(dataset) -> bool:
     return isinstance(dataset, IterableDataset)
 
 
-def id_needs(args, selector: Selector) -> str | None:
-    """The flag that makes this run look examples up by id, or None (plain selection needs no ids)."""
+def id_needs(args, selector: Selector, stream: bool) -> str | None:
+    """The flag that makes this run look examples up by id, or None (plain selection needs no ids). On a stream
+    a strategy that only plans epochs by position (uniform) decides per batch, without ids."""
     if args.sb_staleness > 1:
         return f"--sb_staleness {args.sb_staleness}"
-    planned = type(selector).plan_epoch is not Selector.plan_epoch
+    planned = type(selector).plan_epoch is not Selector.plan_epoch and not stream
     if selector.uses_stored_losses or selector.uses_reference_losses or planned:
         return f"--sb_strategy {args.sb_strategy}"
     return None
@@ -60,7 +61,7 @@ def check_training_data(args, selector: Selector, dataset) -> None:
         )
     if not is_stream(dataset):
         return
-    needs = id_needs(args, selector)
+    needs = id_needs(args, selector, stream=True)
     columns = getattr(dataset, "column_names", None)  # None where the stream's features are not known
     if needs is not None and columns is not None and args.sb_index_column not in columns:
         raise ValueError(missing_ids_message(args.sb_index_column, columns, needs, "the training stream's columns"))
@@ -122,6 +123,11 @@ def column_pairs(dataset, column: str, index_column: str, accelerator) -> tuple[
         columns = getattr(dataset, "column_names", None)
         if columns is not None and name not in columns:
             raise ValueError(f"{name!r} is not a column of the training stream; its columns: {columns}")
+    if not hasattr(dataset, "select_columns"):
+        raise ValueError(
+            f"--sb_reference_column {column!r} needs a datasets stream (this one is {type(dataset).__name__}); "
+            "pass --sb_reference_model instead"
+        )
     ids, values = [], []
     for position, row in enumerate(dataset.select_columns([index_column, column])):
         value = row[column]

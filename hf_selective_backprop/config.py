@@ -197,7 +197,8 @@ class SelectiveBackpropArguments:
         default=0.875,
         metadata={
             "help": "'infobatch': fraction of the epochs, in [0, 1], that prune; the epochs from "
-            "delta x num_train_epochs on train on all data, unweighted (InfoBatch's annealing)."
+            "delta x num_train_epochs on train on all data, unweighted (InfoBatch's annealing). On a "
+            "stream (step-based, --max_steps) the steps from delta x max_steps on."
         },
     )
 
@@ -311,11 +312,6 @@ class SelectiveBackpropArguments:
             fail("sb_prune_ratio", "in [0, 1)", self.sb_prune_ratio)
         if not 0.0 <= self.sb_anneal_delta <= 1.0:
             fail("sb_anneal_delta", "in [0, 1]", self.sb_anneal_delta)
-        if self.sb_strategy == "infobatch" and self.max_steps > 0:
-            raise ValueError(
-                f"--sb_strategy infobatch prunes and anneals by epochs, so it needs an epoch-based run: use "
-                f"--num_train_epochs instead of --max_steps {self.max_steps}"
-            )
         self._validate_reference()
         if self.sb_strategy != "none" and self.max_steps <= 0 and not self.num_train_epochs > 0:
             # Zero epochs would train nothing, then save the untrained model (and its card) as the run's.

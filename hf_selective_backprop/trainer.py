@@ -23,7 +23,7 @@ from transformers import DefaultFlowCallback, Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
 
 from .config import SelectiveBackpropArguments
-from .engine import SelectionEngine, checkpointing, distributed, reference, rotation, run_record
+from .engine import SelectionEngine, checkpointing, distributed, reference, rotation, run_record, streams
 from .engine.accounting import STATS_FILE, TIMINGS, end_of_run_notes, run_summary, write_stats
 from .engine.callback import SelectionFlowCallback
 from .engine.checkpoints import require_complete_checkpoint, require_resumable
@@ -94,8 +94,7 @@ class SelectiveBackpropMixin:
         self.add_callback(rotation.RunCheckpoints())
         self._refuse_unsupported_parallelism()
         if self.train_dataset is not None:
-            if isinstance(self.train_dataset, torch.utils.data.IterableDataset) and self.args.sb_staleness > 1:
-                raise ValueError("--sb_staleness > 1 needs a map-style dataset: an IterableDataset has no stable ids")
+            streams.check_training_data(self.args, self.selector, self.train_dataset)  # ids, split, infobatch
             self._refuse_index_column_the_model_reads()
             self.train_dataset = with_index_column(self.train_dataset, self.args.sb_index_column)
             check_column_ids(self.train_dataset, self.args.sb_index_column)  # bad ids named now, by row
@@ -171,13 +170,16 @@ class SelectiveBackpropMixin:
         if not self.selector.uses_reference_losses:
             return None
         args = self.args
-        if isinstance(self.train_dataset, torch.utils.data.IterableDataset):
-            raise ValueError("--sb_strategy rholoss needs a map-style training dataset: it keeps a loss per example id")
         if reference_model is not None and args.sb_reference_model is not None:
             raise ValueError("both reference_model= and --sb_reference_model are given; pass only one of them")
         if args.sb_reference_column is not None:
-            ids = ids_by_position(self.train_dataset, args.sb_index_column)
-            table = reference.from_column(self.train_dataset, args.sb_reference_column, ids)
+            if streams.is_stream(self.train_dataset):  # read once, two columns only
+                pairs = streams.column_pairs(self.train_dataset, args.sb_reference_column, args.sb_index_column,
+                                             self.accelerator)
+                table = IrreducibleLosses.from_pairs(*pairs)
+            else:
+                ids = ids_by_position(self.train_dataset, args.sb_index_column)
+                table = reference.from_column(self.train_dataset, args.sb_reference_column, ids)
             # The model must not receive the column as an input when remove_unused_columns is off.
             self.train_dataset = self.train_dataset.remove_columns(args.sb_reference_column)
             return table
@@ -205,8 +207,9 @@ class SelectiveBackpropMixin:
             self._reference_pass = reference.compute(
                 self, self._reference, self._reference_name(), self._reference_loss_func
             )
-            ids = ids_by_position(self.train_dataset, self.args.sb_index_column)
-            self._reference_pass.table.check_covers(ids, self._reference_name())
+            ids = ids_by_position(self.train_dataset, self.args.sb_index_column)  # None for a stream: its pass
+            if ids is not None:  # read every row the run reads
+                self._reference_pass.table.check_covers(ids, self._reference_name())
         self.engine.stats.reference_forwards = self._reference_pass.forwards
         self.engine.stats.reference_seconds = self._reference_pass.seconds
         return self._reference_pass.table
@@ -280,9 +283,11 @@ class SelectiveBackpropMixin:
         # Wrapped for the training loader only: evaluation batches are not read by the engine.
         self.data_collator = data_state.wrap(keeping_ids(collator, args.sb_index_column))
         try:
-            loader = self._get_dataloader(
-                self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler, is_training=True
-            )
+            with streams.own_share(self.accelerator, self.train_dataset):  # a stream split by rank: read as it is
+                loader = self._get_dataloader(
+                    self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler,
+                    is_training=True,
+                )
         finally:
             self.data_collator = collator
         run = run_record.describe(args, self.train_dataset)

@@ -5,9 +5,9 @@ import os
 import pytest
 import torch
 from test_engine import CountingRows, N, TrainedIds, train
-from tiny import make_config
+from tiny import TinyClassifier, make_config, make_dataset
 
-from hf_selective_backprop import SelectiveBackpropConfig
+from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
 from hf_selective_backprop.engine.checkpoints import STATE_FILE
 from hf_selective_backprop.selectors import InfoBatchSelector
 from hf_selective_backprop.trainer import WEIGHT_KEY
@@ -74,7 +74,9 @@ def test_infobatch_resumes_inside_a_pruned_epoch_to_the_same_weights(output_dir,
 
 
 def test_infobatch_needs_an_epoch_based_run(output_dir):
+    # On map-style data, at construction; a stream (tests/test_streams.py) has no length and anneals by steps.
+    args = make_config(output_dir, sb_strategy="infobatch", max_steps=5)
     with pytest.raises(ValueError, match=r"--sb_strategy infobatch .* --num_train_epochs instead of --max_steps 5"):
-        make_config(output_dir, sb_strategy="infobatch", max_steps=5)
+        SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(32), args=args)
     with pytest.raises(ValueError, match=r"--sb_prune_ratio must be in \[0, 1\), got 1.0"):
         SelectiveBackpropConfig(output_dir=output_dir, sb_strategy="infobatch", sb_prune_ratio=1.0)

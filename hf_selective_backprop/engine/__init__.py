@@ -4,7 +4,7 @@
 are its parts: the loss store (`store.py`), the batch queue and its padding (`queue.py`,
 `padding.py`), the epoch's plan (`epoch_plan.py`, `plan.py`, `schedule.py`), the selection forward
 (`scoring.py`), example ids (`indexing.py`), irreducible losses for RHO-LOSS (`reference.py`),
-collectives and host copies (`distributed.py`, `transfer.py`), counters (`accounting.py`) and
+collectives and host copies (`distributed.py`, `transfer.py`), streams (`streams.py`), counters (`accounting.py`) and
 checkpoints (`checkpointing.py`, `checkpoints.py`, `run_record.py`, `data_state.py`, `rotation.py`).
 """
 

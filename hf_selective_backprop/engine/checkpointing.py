@@ -34,6 +34,8 @@ def save(engine: SelectionEngine, folder: str, should_save: bool, model: torch.n
             # Made at the epoch's start from the store of then: once the epoch has begun it cannot be redrawn.
             "epoch_started": engine.epoch_started,
             "plan": None if engine.plan is None else engine.plan.state_dict(),
+            # A stream's epoch rule (InfoBatch's mean), made from the store at the epoch's start, likewise.
+            "stream_rule": engine.stream_rule,
             "world_size": engine.accelerator.num_processes,
             "run": engine.run,
             # Scored once before training ('rholoss'): a resumed run must not score it again.
@@ -107,6 +109,7 @@ def load(engine: SelectionEngine, checkpoint: str, ignore_data_skip: bool = Fals
     read = shared["consumed"] * shared["world_size"] * shared["rows_per_batch"]
     if shared["epoch_started"]:
         engine.resumed_position = (shared["epoch"], plan, 0 if ignore_data_skip else read)
+        engine.resumed_stream_rule = shared.get("stream_rule")
     world, rank = engine.accelerator.num_processes, engine.args.process_index
     rank_path = os.path.join(checkpoint, RANK_STATE_FILE.format(rank=rank))
     if shared["world_size"] == world:

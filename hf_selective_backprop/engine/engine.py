@@ -22,7 +22,7 @@ from accelerate import Accelerator
 from transformers.trainer_utils import has_length
 
 from ..selectors import Selector
-from . import distributed, transfer
+from . import distributed, streams, transfer
 from .accounting import SelectionStats
 from .data_state import DataState
 from .epoch_plan import EpochPlan, PlannedSampler, stale_plan
@@ -76,6 +76,10 @@ class SelectionEngine:
         self.run: dict | None = None  # what the run is (run_record.describe): saved with checkpoints
         self.saved_model_buffers: dict | None = None  # this process's, from the resumed checkpoint (checkpointing)
         self.plan: EpochPlan | None = None
+        #: A stream's epoch, which cannot be planned: what the strategy's plan_rows needs (InfoBatch: a mean).
+        self.stream_rule: float | None = None
+        self.resumed_stream_rule: float | None = None  # the resumed epoch's, from the checkpoint
+        self.progress_now = 0.0  # the run's share done, as of the latest selection_on
         self.epoch = 0
         self.consumed = 0  # selection batches of the epoch read by this process (skipped ones included)
         self.batches_in_epoch = 1
@@ -129,7 +133,8 @@ class SelectionEngine:
         self.epoch = epoch
         self.epoch_started = True
         skip_rows = 0
-        if self.resumed_position is not None and self.resumed_position[0] == epoch:
+        resumed = self.resumed_position is not None and self.resumed_position[0] == epoch
+        if resumed:
             _, self.plan, skip_rows = self.resumed_position
             self.loader_seeded_before_checkpoint = skip_rows > 0
         elif self.sampler is None or self.sampler.ids_by_position is None:
@@ -138,7 +143,15 @@ class SelectionEngine:
             self.plan = None
         else:
             self.plan = self._broadcast(self._make_plan(epoch) if self.accelerator.is_main_process else None)
-        self.resumed_position = None
+        # A stream cannot be planned: its batches are decided from their stored losses by a rule made from the
+        # store at the epoch's start (a resumed epoch's comes from the checkpoint: the store has changed since).
+        if resumed:
+            self.stream_rule = self.resumed_stream_rule
+        elif self.sampler is None and not self.is_stale_epoch(epoch):
+            self.stream_rule = self.selector.stream_epoch_rule(self.store.losses, epoch)
+        else:
+            self.stream_rule = None
+        self.resumed_position = self.resumed_stream_rule = None
         rows_per_batch = self.selection_batch_size * self.accelerator.num_processes
         self.consumed = skip_rows // rows_per_batch
         if self.sampler is not None:
@@ -238,6 +251,7 @@ class SelectionEngine:
 
     def selection_on(self, global_step: int, progress: float, max_steps: int) -> bool:
         """Whether the rows read now are selected: after warm-up, inside sb_start/sb_end, not an interrupt."""
+        self.progress_now = progress
         if self.epoch < self.args.sb_warmup_epochs or is_interrupt_step(global_step, self.args.sb_interrupt):
             return False
         # The window is a share of the run's progress, like the LR schedule.
@@ -266,16 +280,11 @@ class SelectionEngine:
         --sb_selection_scale / --sb_selection_channels_last inputs fails now, not when the schedule
         (sb_start, warm-up epochs) first turns selection on."""
         self.inputs_checked = True
-        if self.index_column not in batch and (self.records_training_losses or self.plans_before_loading):
-            # Without ids the store and the epoch's plan cannot key examples (it used to fail in the store).
-            needs = f"--sb_staleness {self.args.sb_staleness}" if self.args.sb_staleness > 1 else (
-                f"--sb_strategy {self.args.sb_strategy} (it decides before loading)")
-            raise ValueError(
-                f"--sb_index_column {self.index_column!r} is not in the training batches, which hold "
-                f"{', '.join(batch)}: {needs} looks examples up by it. Name the column of the training data that "
-                "holds the ids, or leave the default to number the rows 0..N-1; a dataset or collator of your own "
-                "must pass the column through"
-            )
+        needs = streams.id_needs(self.args, self.selector, stream=self.sampler is None)
+        if self.index_column not in batch and needs is not None:
+            # Without ids the store and the epoch's plan cannot key examples (it used to fail in the store); a
+            # stream whose columns are not known before reading it fails here, at its first batch.
+            raise ValueError(streams.missing_ids_message(self.index_column, batch, needs))
         check_rows(batch)
         if self.selector.needs_losses:
             self.scorer.check_inputs(model, {k: v[:1] for k, v in batch.items() if k != self.index_column})
@@ -324,11 +333,33 @@ class SelectionEngine:
             batch, host_ids = _rows(batch, transfer.to_device(undecided, _batch_device(batch))), host_ids[undecided]
         else:
             loaded = batch
+        if selecting and self.stream_rule is not None and self._decide_from_store(batch):
+            return
         self.stats.examples_seen += _batch_length(batch)
         if selecting:
             self._select(batch, model, host_ids, loaded)
         else:
             self._push(dict(batch))
+
+    def _decide_from_store(self, batch: dict) -> bool:
+        """A stream's batch decided from its rows' stored losses (InfoBatch's rule by id, not by position):
+        pruned rows were loaded but cost no forward or backward. False: the strategy decides after scoring."""
+        (host_ids,) = transfer.to_host(batch[self.index_column])
+        with self.stats.timer("selection_overhead_seconds"):
+            stored, _ = self.store.lookup(host_ids)
+            selection = self.selector.plan_rows(stored, self.generator, self.stream_rule, self.progress_now)
+        if selection is None:
+            return False
+        size = _batch_length(batch)
+        self.stats.examples_seen += size
+        self.stats.considered += size
+        self.stats.kept += selection.indices.numel()
+        device = _batch_device(batch)
+        rows = _rows(batch, transfer.to_device(selection.indices, device))
+        if selection.weights is not None:
+            rows[WEIGHT_KEY] = transfer.to_device(selection.weights.float(), device)
+        self._push(rows)
+        return True
 
     def _planned_rows(self, batch: dict, host_ids: torch.Tensor, decided: torch.Tensor) -> dict:
         positions = decided.nonzero().squeeze(1)
@@ -436,6 +467,8 @@ class SelectionEngine:
         """Store losses of every rank's examples, so each rank holds the same store (a collective); returns
         this rank's ``losses`` on the host."""
         all_ids, all_losses, mine = distributed.gather_pairs(self.accelerator, ids, losses.detach())
+        if self.sampler is None:  # a stream: ids size the store as they arrive
+            streams.check_id_bound(all_ids, self.stats.examples_loaded, self.index_column)
         self.store.update(all_ids, all_losses, self.epoch)
         return all_losses[mine]
 

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from ..losses import logits_of, per_example_loss_for
-from . import distributed
+from . import distributed, streams
 from .indexing import IndexedDataset, keeping_ids
 from .scoring import SelectionScorer
 
@@ -181,12 +181,27 @@ def compute(trainer, reference: torch.nn.Module, source: str, loss_fn=None) -> R
         loss_fn = per_example_loss_for(reference, label_smoothing=_smoothing(trainer), label_name=trainer.label_name)
     scorer = SelectionScorer(loss_fn, label_name=trainer.label_name, mode="eval")
     reference = reference.to(args.device)
-    loader = _loader(trainer, unaugmented(trainer.train_dataset))
+    dataset = trainer.train_dataset
+    with streams.own_share(accelerator, dataset):  # one pass of a stream: each rank its share, or dispatched
+        loader = _loader(trainer, unaugmented(dataset))
     ids, losses, forwards = [], [], 0
     start = time.perf_counter()
     devices = [args.device] if args.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
-        for batch in tqdm(loader, desc="Reference losses", disable=not args.should_log or args.disable_tqdm):
+        batches = iter(tqdm(loader, desc="Reference losses", disable=not args.should_log or args.disable_tqdm))
+        while True:
+            batch = next(batches, None)
+            if batch is None and not streams.is_stream(dataset):
+                break
+            # Shares of a stream end at different batches: a rank that is done joins the others' gathers.
+            if streams.is_stream(dataset) and distributed.all_true(accelerator, batch is None):
+                break
+            if batch is None:
+                batch_ids, batch_losses = torch.zeros(0, dtype=torch.int64), torch.zeros(0)
+                all_ids, all_losses, _ = distributed.gather_pairs(accelerator, batch_ids, batch_losses)
+                ids.append(all_ids.cpu())
+                losses.append(all_losses.cpu())
+                continue
             batch = dict(batch)
             batch_ids = batch.pop(column)
             if forwards == 0:
@@ -210,7 +225,7 @@ def _loader(trainer, dataset) -> DataLoader:
     # honour dataloader_drop_last, leaving the dropped rows without an irreducible loss.
     description = "Reference losses"
     collator = trainer.data_collator
-    if hasattr(dataset, "column_names"):
+    if hasattr(dataset, "column_names") and not streams.is_stream(dataset):  # a stream: as its training loader does
         dataset = trainer._remove_unused_columns(dataset, description=description)
     else:
         collator = trainer._get_collator_with_removed_columns(collator, description=description)

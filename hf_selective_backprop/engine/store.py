@@ -10,7 +10,15 @@ class LossStore:
 
     Unknown examples hold NaN and epoch -1. The tensors grow to the largest id seen, so ids
     with gaps cost one float and one int64 per slot, never a Python object per example.
+
+    A map-style dataset's store is sized once, for its largest id (`SelectionEngine.attach`). A stream's
+    grows as larger ids arrive: each tensor is a view of a buffer allocated with room to spare (1.5x
+    the slots needed), so ids arriving in increasing order reallocate O(log N) times, not once per
+    batch; at most 1.5 x 12 bytes per slot up to the largest id, and the old buffer beside the new
+    one while it is copied.
     """
+
+    GROWTH = 1.5
 
     def __init__(self, capacity: int = 0):
         self.losses = torch.full((capacity,), float("nan"), dtype=torch.float32)
@@ -22,9 +30,15 @@ class LossStore:
     def _grow(self, capacity: int) -> None:
         if capacity <= len(self):
             return
-        extra = capacity - len(self)
-        self.losses = torch.cat([self.losses, torch.full((extra,), float("nan"))])
-        self.epochs = torch.cat([self.epochs, torch.full((extra,), -1, dtype=torch.int64)])
+        # The spare slots of the buffer hold NaN / -1 already: extending the views is free.
+        if self.losses.untyped_storage().nbytes() < capacity * self.losses.element_size():
+            room = max(capacity, int(len(self) * self.GROWTH))
+            losses = torch.full((room,), float("nan"), dtype=torch.float32)
+            epochs = torch.full((room,), -1, dtype=torch.int64)
+            losses[: len(self)], epochs[: len(self)] = self.losses, self.epochs
+            self.losses, self.epochs = losses, epochs
+        self.losses = self.losses.set_(self.losses.untyped_storage(), 0, (capacity,))
+        self.epochs = self.epochs.set_(self.epochs.untyped_storage(), 0, (capacity,))
 
     def update(self, ids: torch.Tensor, losses: torch.Tensor, epoch: int) -> None:
         """Record losses for ids; non-finite losses are not stored (the old value stays)."""

@@ -82,6 +82,20 @@ class Selector:
         """
         return None
 
+    def stream_epoch_rule(self, stored_losses: torch.Tensor, epoch: int) -> float | None:
+        """For data without positions (a stream), where ``plan_epoch`` cannot run: what `plan_rows` needs of
+        every stored loss at the start of epoch ``epoch`` (a float, saved with checkpoints), or None (the
+        default) to decide after scoring. Every process holds the same ``stored_losses``."""
+        return None
+
+    def plan_rows(
+        self, stored_losses: torch.Tensor, generator: torch.Generator, rule: float, progress: float
+    ) -> Selection | None:
+        """``plan_epoch``'s decision for the rows of one loaded batch of a stream, from their stored losses
+        (NaN where none) and the epoch's ``rule``; ``progress`` is the run's share done. None: decide these
+        rows after scoring."""
+        return None
+
     def expected_keep_fraction(self) -> float:
         """Expected fraction of a selection batch that is trained on, for sizing the LR schedule."""
         raise NotImplementedError

@@ -20,8 +20,10 @@ class InfoBatchSelector(Selector):
     unweighted, as the paper does for its last 12.5 %.
 
     The decision is made before loading (``plan_epoch``), so pruned examples cost no loading,
-    augmentation, forward or backward. In an epoch that is not decided before loading (for
-    example under ``sb_interrupt``) every loaded row is trained.
+    augmentation, forward or backward. A stream cannot be planned: each loaded batch's rows are
+    decided by the same rule from their stored losses and the store's mean at the epoch's start
+    (``plan_rows``), so pruned rows are read and collated but not trained. In an epoch that is not
+    decided before loading (for example under ``sb_interrupt``) every loaded row is trained.
     """
 
     needs_losses = False
@@ -40,10 +42,21 @@ class InfoBatchSelector(Selector):
     def plan_epoch(self, stored_losses: torch.Tensor, generator: torch.Generator, epoch: int) -> Selection | None:
         if epoch >= self.anneal_delta * self.num_epochs:
             return None
+        mean = self.stream_epoch_rule(stored_losses, epoch)
+        return None if mean is None else self._prune(stored_losses, generator, mean)
+
+    def stream_epoch_rule(self, stored_losses: torch.Tensor, epoch: int) -> float | None:
+        """The mean of the known stored losses (None: nothing is known, nothing is pruned)."""
         known = torch.isfinite(stored_losses)
-        if not bool(known.any()):
-            return None
-        easy = known & (stored_losses < stored_losses[known].mean())
+        return float(stored_losses[known].mean()) if bool(known.any()) else None
+
+    def plan_rows(self, stored_losses, generator, rule, progress):
+        """A stream's batch, by the same rule; a stream is step-based, so annealing starts at ``anneal_delta``
+        of the run's steps."""
+        return None if progress >= self.anneal_delta else self._prune(stored_losses, generator, rule)
+
+    def _prune(self, stored_losses: torch.Tensor, generator: torch.Generator, mean: float) -> Selection:
+        easy = torch.isfinite(stored_losses) & (stored_losses < mean)
         draws = torch.rand(stored_losses.shape, generator=generator)
         kept = ~easy | (draws >= self.prune_ratio)
         weights = torch.where(easy, 1.0 / (1.0 - self.prune_ratio), 1.0).float()

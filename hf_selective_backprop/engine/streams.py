@@ -1,0 +1,148 @@
+"""Streams (``datasets.load_dataset(..., streaming=True)``, or any torch ``IterableDataset``) under selection.
+
+A stream has no positions: nothing can be planned before loading it, and a resumed epoch reads its
+consumed batches again. Strategies that key examples by id (Stale-SB, InfoBatch, RHO-LOSS) work on a
+stream whose rows carry the id column (``--sb_index_column``):
+
+- the loss store grows as ids arrive (`LossStore`: 12 bytes a slot up to the largest id, 1.5x that at most);
+- a Stale-SB epoch reads the stream and looks each row's stored loss up instead of scoring it;
+- InfoBatch decides each loaded batch's rows from their stored losses and the mean of the store at the
+  epoch's start (`Selector.plan_rows`), the rule its epoch plan applies by position;
+- RHO-LOSS's reference model scores one pass of the stream before training (or a column gives the losses).
+
+On several processes a stream split with ``datasets.distributed.split_dataset_by_node`` is each rank's own
+share: it is read as it is, not split again by Accelerate (which would keep a share of the share) and not
+dispatched from the main process. An epoch ends, on every rank, when the first rank's share runs out.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.utils.data import IterableDataset
+
+from ..selectors import Selector
+from . import distributed
+from .indexing import MAX_ID_SPAN_PER_ROW, MIN_ID_SPAN
+
+
+def is_stream(dataset) -> bool:
+    return isinstance(dataset, IterableDataset)
+
+
+def id_needs(args, selector: Selector, stream: bool) -> str | None:
+    """The flag that makes this run look examples up by id, or None (plain selection needs no ids). On a stream
+    a strategy that only plans epochs by position (uniform) decides per batch, without ids."""
+    if args.sb_staleness > 1:
+        return f"--sb_staleness {args.sb_staleness}"
+    planned = type(selector).plan_epoch is not Selector.plan_epoch and not stream
+    if selector.uses_stored_losses or selector.uses_reference_losses or planned:
+        return f"--sb_strategy {args.sb_strategy}"
+    return None
+
+
+def missing_ids_message(column: str, columns, needs: str, where: str = "the training batches") -> str:
+    return (
+        f"--sb_index_column {column!r} is not in {where}, which hold {', '.join(columns)}: {needs} "
+        "looks examples up by it. Name the column of the training data that holds the ids, or leave the "
+        "default to number the rows 0..N-1 (a map-style dataset only: a stream must carry its ids, e.g. "
+        "add them before streaming it); a dataset or collator of your own must pass the column through"
+    )
+
+
+def check_training_data(args, selector: Selector, dataset) -> None:
+    """What a run can check of its training data at construction, before any time is spent."""
+    if args.sb_strategy == "infobatch" and args.max_steps > 0 and not is_stream(dataset):
+        raise ValueError(
+            f"--sb_strategy infobatch prunes and anneals by epochs, so it needs an epoch-based run: use "
+            f"--num_train_epochs instead of --max_steps {args.max_steps} (a stream, which has no length, "
+            "anneals by steps instead)"
+        )
+    if not is_stream(dataset):
+        return
+    needs = id_needs(args, selector, stream=True)
+    columns = getattr(dataset, "column_names", None)  # None where the stream's features are not known
+    if needs is not None and columns is not None and args.sb_index_column not in columns:
+        raise ValueError(missing_ids_message(args.sb_index_column, columns, needs, "the training stream's columns"))
+    split = getattr(dataset, "_distributed", None)  # datasets.distributed.split_dataset_by_node's
+    if split is not None and (split.rank, split.world_size) != (args.process_index, args.world_size):
+        raise ValueError(
+            f"the training stream was split for rank {split.rank} of {split.world_size} processes "
+            f"(split_dataset_by_node), but this is rank {args.process_index} of {args.world_size}: split it with "
+            "rank=int(os.environ['RANK']), world_size=int(os.environ['WORLD_SIZE'])"
+        )
+
+
+def is_own_share(accelerator, dataset) -> bool:
+    """A stream this rank reads alone (split with split_dataset_by_node), on several processes."""
+    return accelerator.num_processes > 1 and getattr(dataset, "_distributed", None) is not None
+
+
+@contextlib.contextmanager
+def own_share(accelerator, dataset):
+    """Inside it, ``accelerator.prepare(loader)`` of a split stream's loader puts batches on the device and
+    nothing else: no second split, no dispatch from the main process."""
+    if not is_own_share(accelerator, dataset):
+        yield
+        return
+    from accelerate.data_loader import prepare_data_loader
+
+    def prepare(loader):
+        prepared = prepare_data_loader(
+            loader, accelerator.device, num_processes=1, process_index=0, put_on_device=True,
+            dispatch_batches=False, non_blocking=accelerator.non_blocking,
+        )
+        accelerator._dataloaders.append(prepared)
+        return prepared
+
+    accelerator.prepare = prepare
+    try:
+        yield
+    finally:
+        del accelerator.prepare  # the class's method again
+
+
+def check_id_bound(ids: torch.Tensor, rows_read: int, column: str) -> None:
+    """A stream's ids size the store as they arrive: refuse one that would make it waste gigabytes."""
+    if ids.numel() == 0:
+        return
+    largest = int(ids.max())
+    if largest + 1 > max(MAX_ID_SPAN_PER_ROW * rows_read, MIN_ID_SPAN):
+        raise ValueError(
+            f"--sb_index_column {column!r} holds {largest} after {rows_read} rows of the stream: the loss store is "
+            f"indexed by id, so ids up to it would take {12 * (largest + 1) / 2**30:.1f} GiB per process; "
+            "renumber the ids densely (0..N-1)"
+        )
+
+
+def column_pairs(dataset, column: str, index_column: str, accelerator) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, values) of ``column`` over one pass of a stream, reading only the two columns; a split stream's
+    shares are gathered, so every rank holds every id's value."""
+    for name in (column, index_column):
+        columns = getattr(dataset, "column_names", None)
+        if columns is not None and name not in columns:
+            raise ValueError(f"{name!r} is not a column of the training stream; its columns: {columns}")
+    if not hasattr(dataset, "select_columns"):
+        raise ValueError(
+            f"--sb_reference_column {column!r} needs a datasets stream (this one is {type(dataset).__name__}); "
+            "pass --sb_reference_model instead"
+        )
+    ids, values = [], []
+    for position, row in enumerate(dataset.select_columns([index_column, column])):
+        value = row[column]
+        if value is None:
+            raise ValueError(f"--sb_reference_column {column!r}: no value at row {position} of the stream")
+        ids.append(int(row[index_column]))
+        values.append(float(value))
+    ids, values = torch.tensor(ids, dtype=torch.int64), torch.tensor(values, dtype=torch.float32)
+    bad = ~torch.isfinite(values)
+    if bool(bad.any()):
+        rows = bad.nonzero().squeeze(1)[:5].tolist()
+        raise ValueError(
+            f"--sb_reference_column {column!r} holds NaN or inf at row(s) {rows} of the stream; irreducible "
+            "losses must be finite"
+        )
+    if is_own_share(accelerator, dataset):
+        ids, values, _ = distributed.gather_pairs(accelerator, ids.to(accelerator.device), values)
+    return ids, values

@@ -34,7 +34,9 @@ def to_host(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         copied = dict(zip(on_device, to_host(*(tensors[i] for i in on_device)), strict=True))
         return tuple(copied.get(i, t.detach()) for i, t in enumerate(tensors))
     order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
-    flat = [tensors[i].detach().reshape(-1).contiguous() for i in order]
+    # An empty tensor counts as contiguous whatever its strides, and view(dtype) refuses strides other than 1.
+    flat = [tensors[i].detach().reshape(-1).contiguous() if tensors[i].numel() else tensors[i].new_empty(0)
+            for i in order]
     packed = torch.cat([t.view(torch.uint8) for t in flat]).cpu()
     out: list[torch.Tensor | None] = [None] * len(tensors)
     offset = 0

@@ -1,8 +1,8 @@
 #!/bin/bash
 # SFT throughput (docs/text.md, "Use with TRL and Seq2SeqTrainer"): TRL's SFTTrainer on SST-2 sentences, a
 # 2-layer GPT-2 from scratch, plain (sb_strategy none), with SB (keep 1/3) and with Stale-SB (n = 2), one
-# seed, the same data and epochs; then examples per second beside the cost model's ideal, and the final
-# validation loss. Run with nothing else on the machine. Restartable: a run with eval_results.json is skipped.
+# seed, the same data and epochs, padded and packed; then tokens per second beside the cost model's ideal, and
+# the final validation loss. Run with nothing else on the machine. Restartable: a run with eval_results.json is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -25,4 +25,8 @@ run() {  # NAME FLAGS...: the first run learns the tokenizer, the others reuse i
 run none --sb_strategy none
 run sb --sb_strategy sb --sb_keep 0.3333
 run stale-sb --sb_strategy sb --sb_keep 0.3333 --sb_staleness 2
-$PY scripts/sft_report.py --runs $R/none $R/sb $R/stale-sb | tee $R/report.md
+# Packed (TRL's bfd packing into rows of max_length 64 tokens, padding-free): selection keeps or drops sequences.
+run packed-none --sb_strategy none --packing true
+run packed-sb --sb_strategy sb --sb_keep 0.3333 --packing true
+run packed-stale-sb --sb_strategy sb --sb_keep 0.3333 --sb_staleness 2 --packing true
+$PY scripts/sft_report.py --runs $R/none $R/sb $R/stale-sb $R/packed-none $R/packed-sb $R/packed-stale-sb | tee $R/report.md

@@ -2,9 +2,10 @@
 
     python scripts/sft_report.py --runs benchmarks/results/sst2-sft/none benchmarks/results/sst2-sft/sb ...
 
-Reads each run folder that scripts/train_sft.py wrote (sb_stats.json, eval_results.json) and prints a
-markdown table: examples per second (examples read over training wall time), the speedup over the
-first run, and the cost model's ideal speedup (`hf_selective_backprop.benchmarks.cost_model`: Traditional
+Reads each run folder that scripts/train_sft.py wrote (sb_stats.json, eval_results.json, train_results.json)
+and prints a markdown table: tokens and sequences per second (those of the epochs read, packed or padded,
+over training wall time), the speedup over the first run, and the cost model's ideal speedup over a run
+without selection of the same layout (`hf_selective_backprop.benchmarks.cost_model`: Traditional
 costs (1+r)F per example, SB phi*F + s(1+r)F, Stale-SB (phi/n)F + s(1+r)F) with the measured kept
 fraction s and selection-forward cost phi, and r = 2 (a backward costs two forwards).
 """
@@ -21,7 +22,11 @@ def load(folder: str) -> dict:
         stats = json.load(handle)
     with open(os.path.join(folder, "eval_results.json")) as handle:
         stats["eval_loss"] = json.load(handle)["eval_loss"]
-    stats["examples_per_second"] = stats["examples_seen"] / stats["train_seconds"]
+    with open(os.path.join(folder, "train_results.json")) as handle:
+        train = json.load(handle)
+    epochs = train["num_train_epochs"]  # an epoch-based run reads exactly that many epochs
+    stats["tokens_per_second"] = train["train_tokens_per_epoch"] * epochs / stats["train_seconds"]
+    stats["sequences_per_second"] = train["train_sequences_per_epoch"] * epochs / stats["train_seconds"]
     return stats
 
 
@@ -42,13 +47,14 @@ def main() -> None:
     parser.add_argument("--runs", nargs="+", required=True, help="Run folders; the first is the baseline.")
     args = parser.parse_args()
     runs = [(os.path.basename(os.path.normpath(folder)), load(folder)) for folder in args.runs]
-    base = runs[0][1]["examples_per_second"]
-    print("| run | examples/s | speedup | cost model's ideal | kept fraction | backwards | selection forwards | "
-          "final validation loss |")
-    print("|---|---|---|---|---|---|---|---|")
+    base = runs[0][1]["tokens_per_second"]
+    print("| run | tokens/s | sequences/s | speedup | cost model's ideal | kept fraction | backwards | "
+          "selection forwards | final validation loss |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, stats in runs:
         print(
-            f"| {name} | {stats['examples_per_second']:.1f} | {stats['examples_per_second'] / base:.2f}x | "
+            f"| {name} | {stats['tokens_per_second']:.0f} | {stats['sequences_per_second']:.1f} | "
+            f"{stats['tokens_per_second'] / base:.2f}x | "
             f"{run_ideal_speedup(stats):.2f}x | {stats.get('kept_fraction', 1.0):.2f} | {stats['backwards']:,} | "
             f"{stats.get('selection_forwards', 0):,} | {stats['eval_loss']:.4f} |"
         )

@@ -6,7 +6,7 @@
 
 Trains on the dataset's text column as language-modelling data. Without --model_name_or_path, a
 WordPiece tokenizer is trained on the training split and a small GPT-2 is built from the size flags
-(no download). Every SFTConfig flag works, except packing / padding_free with selection. --help lists them.
+(no download). Every SFTConfig flag works (packing / padding_free with selection: docs/text.md). --help lists them.
 """
 
 import math
@@ -85,6 +85,15 @@ def main() -> None:
         run(config, data_args, model_args, checkpoint)
 
 
+def training_data_size(dataset) -> dict:
+    """Tokens and sequences of one epoch of the prepared (tokenized, maybe packed) training data: the same
+    text read packed or padded, so throughput compares in tokens whatever the layout."""
+    lengths = [len(ids) for ids in dataset["input_ids"]]
+    packed = "seq_lengths" in dataset.column_names
+    sequences = sum(len(row) for row in dataset["seq_lengths"]) if packed else len(lengths)
+    return {"train_tokens_per_epoch": sum(lengths), "train_sequences_per_epoch": sequences}
+
+
 def run(config, data_args: SFTDataArguments, model_args: TextModelArguments, checkpoint: str | None) -> None:
     set_seed(config.seed)
 
@@ -120,7 +129,8 @@ def run(config, data_args: SFTDataArguments, model_args: TextModelArguments, che
         metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 700.0))
     trainer.save_model()
     trainer.save_metrics("eval", metrics)
-    trainer.save_metrics("train", train_output.metrics)
+    data_read = {**training_data_size(trainer.train_dataset), "num_train_epochs": config.num_train_epochs}
+    trainer.save_metrics("train", {**train_output.metrics, **data_read})
     if config.should_save:  # every strategy's counters, Traditional's too, as scripts/train.py writes them
         write_stats(stats, os.path.join(config.output_dir, STATS_FILE))
     card = {"dataset": data_args.dataset, "eval_split": data_args.eval_split, "tasks": "text-generation"}

@@ -5,7 +5,7 @@
 # the final validation loss. Run with nothing else on the machine. Restartable: a run with eval_results.json is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=.venv/bin/python
+PY=${PY:-.venv/bin/python}
 R=${RESULTS:-benchmarks/results/sst2-sft}
 DATA=${DATA:-../shared/data}
 export OMP_NUM_THREADS=${THREADS:-2}

@@ -52,3 +52,11 @@ def check_milestones(milestones: Sequence[float], factor: float) -> None:
         )
     if not 0.0 < factor <= 1.0:
         raise ValueError(f"--lr_decay_factor must be in (0, 1], got {factor!r}")
+
+
+def at_progress(fn: Callable[[int], float], trainer, total_steps: int, step: int) -> float:
+    """``fn`` at the step that a selective run's progress (the share of its data read) makes of ``total_steps``:
+    how many examples selection keeps drifts as losses fall, so an epoch's step count is only known afterwards."""
+    if not (trainer.is_in_train and trainer.engine.epoch_based):
+        return fn(step)  # a step-based run, or a scheduler stepped by hand outside training
+    return fn(round(trainer.training_progress() * total_steps))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from trl import SFTConfig, SFTTrainer
 
+from . import _compat
 from .config import SelectiveBackpropArguments
 from .losses import ExampleLoss
 from .trainer import SelectiveBackpropMixin
@@ -77,6 +78,7 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
     """
 
     config_class_name = "SelectiveBackpropSFTConfig"
+    loss_scale_rule = _compat.SFT_LOSS_SCALE
 
     def __init__(self, model, args=None, *rest, **kwargs):
         # SFTTrainer rebuilds other TrainingArguments as an SFTConfig, which has no sb_* fields.
@@ -106,9 +108,3 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
         finally:
             handle.remove()
         return loss, captured[0]
-
-    def _loss_scale(self, num_items_in_batch) -> int:
-        # SFTTrainer undoes DDP's averaging whenever the token count is summed over ranks.
-        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
-            return self.accelerator.num_processes // self.get_tp_size()
-        return 1

@@ -45,7 +45,8 @@ class SelectionScorer:
         cls, loss_fn: PerExampleLoss, label_name: str, args, prepare_inputs: Callable[[dict], dict] | None = None
     ) -> SelectionScorer:
         """The scorer that a `SelectiveBackpropConfig`'s ``sb_selection_*`` flags describe; ``prepare_inputs``
-        is the Trainer's input preparation (``Trainer._prepare_inputs``), applied to the model's inputs."""
+        is the Trainer's input preparation (`hf_selective_backprop._compat.input_preparation`), applied to the model's
+        inputs."""
         return cls(
             loss_fn,
             label_name=label_name,
@@ -73,7 +74,7 @@ class SelectionScorer:
         with _without_training_autocast(model), autocast:
             yield
 
-    def _prepare_inputs(self, inputs: dict) -> dict:
+    def _prepared(self, inputs: dict) -> dict:
         inputs = self._rescale(inputs)
         # Last, as training inputs are prepared: DeepSpeed casts floating inputs to the model's dtype here.
         return self.prepare_inputs(inputs) if self.prepare_inputs is not None else inputs
@@ -99,7 +100,7 @@ class SelectionScorer:
         if self.label_name not in inputs:
             raise ValueError(f"selection needs a '{self.label_name}' column; the batch has {sorted(inputs)}")
         labels = inputs.pop(self.label_name)
-        inputs = self._prepare_inputs(inputs)
+        inputs = self._prepared(inputs)
         was_training = model.training
         model.train(self.mode == "train")
         try:
@@ -137,7 +138,7 @@ class SelectionScorer:
         """
         if self.scale == 1.0 and not self.channels_last:
             return
-        inputs = self._prepare_inputs({k: v for k, v in inputs.items() if k != self.label_name})
+        inputs = self._prepared({k: v for k, v in inputs.items() if k != self.label_name})
         was_training = model.training
         model.eval()
         try:

@@ -113,6 +113,17 @@ def collator_with_removed_columns(trainer, collator, description: str):
     return trainer._get_collator_with_removed_columns(collator, description=description)
 
 
+def collated_rows(trainer, dataset, count: int, description: str) -> dict:
+    """The first ``count`` rows of ``dataset`` collated as the Trainer's loader collates them (the columns the
+    model does not take removed), for the checks that score rows before training."""
+    import datasets
+
+    if isinstance(dataset, datasets.Dataset):
+        dataset = remove_unused_columns(trainer, dataset, description)
+    collator = collator_with_removed_columns(trainer, trainer.data_collator, description)
+    return collator([dataset[i] for i in range(count)])
+
+
 def input_preparation(trainer) -> Callable[[dict], dict]:
     return trainer._prepare_inputs
 

@@ -12,37 +12,29 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from functools import partial
 
-import datasets
 import torch
 from transformers import Trainer
 from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
 from transformers.trainer_utils import has_length
 
 from . import _compat, parallelism
-from .config import SelectiveBackpropArguments
+from .config import check_trainer_arguments
 from .engine import SelectionEngine, checkpointing, distributed, reference, rotation, run_record
-from .engine.accounting import STATS_FILE, TIMINGS, end_of_run_notes, run_summary, write_stats
+from .engine.accounting import STATS_FILE, TIMINGS, finish_run, run_summary
 from .engine.callback import SelectionFlowCallback
 from .engine.checkpoints import require_complete_checkpoint, require_resumable
 from .engine.data_state import DataState, stateful_sources
 from .engine.engine import WEIGHT_KEY, check_rows
-from .engine.epoch_plan import PlannedSampler
-from .engine.indexing import (
-    check_column_ids,
-    ids_by_position,
-    keeping_ids,
-    refuse_index_column_the_model_reads,
-    with_index_column,
-)
+from .engine.epoch_plan import planned_sampler
+from .engine.indexing import keeping_ids, prepare_training_dataset
 from .engine.padding import queue_padding
 from .engine.plan import TrainingPlan
-from .engine.scoring import SelectionScorer
+from .engine.scoring import SelectionScorer, selection_model
 from .losses import check_per_example_loss, model_task, per_example_loss_for, weighted_loss
-from .lr_schedule import at_progress, is_step_decay, step_decay
+from .lr_schedule import schedule_for
 from .selectors import build_selector
 
 __all__ = ["STATS_FILE", "WEIGHT_KEY", "SelectiveBackpropMixin", "SelectiveBackpropTrainer"]
@@ -78,16 +70,7 @@ class SelectiveBackpropMixin:
 
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
         super().__init__(*args, **kwargs)
-        if not isinstance(self.args, SelectiveBackpropArguments):
-            raise TypeError(
-                f"{type(self).__name__} needs args with the sb_* fields of SelectiveBackpropArguments (e.g. "
-                f"{self.config_class_name}), got {type(self.args).__name__}"
-            )
-        if self.compute_loss_func is not None and per_example_loss_func is None and self.args.sb_strategy != "none":
-            raise ValueError(
-                "compute_loss_func is set, so selection cannot know each example's loss: pass "
-                "per_example_loss_func=(outputs, labels) -> per-example losses as well"
-            )
+        check_trainer_arguments(self, per_example_loss_func)
         self.label_name = self.label_names[0] if self.label_names else "labels"
         # The label smoother's factor: the Trainer drops it for multi-label classification.
         smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
@@ -105,11 +88,7 @@ class SelectiveBackpropMixin:
         if self.selector.produces_weights:
             self.loss_scale_rule.check(self)  # an upstream that scales otherwise fails here, not in the gradients
         if self.train_dataset is not None:
-            if isinstance(self.train_dataset, torch.utils.data.IterableDataset) and self.args.sb_staleness > 1:
-                raise ValueError("--sb_staleness > 1 needs a map-style dataset: an IterableDataset has no stable ids")
-            refuse_index_column_the_model_reads(self.model, self.args.sb_index_column, self.label_names)
-            self.train_dataset = with_index_column(self.train_dataset, self.args.sb_index_column)
-            check_column_ids(self.train_dataset, self.args.sb_index_column)  # bad ids named now, by row
+            self.train_dataset = prepare_training_dataset(self.train_dataset, self.model, self.args, self.label_names)
         if self.selector.uses_reference_losses:
             self._reference, self.train_dataset = reference.Reference.resolve(
                 self, reference_model, per_example_loss_func
@@ -134,15 +113,11 @@ class SelectiveBackpropMixin:
         dataset = self.train_dataset
         if isinstance(dataset, torch.utils.data.IterableDataset) or not has_length(dataset) or len(dataset) == 0:
             return
-        if isinstance(dataset, datasets.Dataset):
-            dataset = _compat.remove_unused_columns(self, dataset, "training")
-        collator = _compat.collator_with_removed_columns(self, self.data_collator, "training")
-        prepare_inputs = _compat.input_preparation(self)
 
         def first_rows() -> dict:
-            batch = collator([dataset[i] for i in range(min(2, len(dataset)))])
+            batch = _compat.collated_rows(self, dataset, min(2, len(dataset)), "training")
             check_rows(batch)
-            return prepare_inputs(batch)
+            return _compat.input_preparation(self)(batch)
 
         check_per_example_loss(
             self.model, self.engine.scorer, first_rows, self.args.sb_index_column,
@@ -209,17 +184,10 @@ class SelectiveBackpropMixin:
         sampler = super()._get_train_sampler(train_dataset)
         if self.selector is None or sampler is None:
             return sampler
-        if isinstance(sampler, torch.utils.data.RandomSampler):
-            # Accelerate would make a plain RandomSampler seedable (same order on every rank and on
-            # resume) but cannot see it inside a wrapper, so wrap the seedable one.
-            from accelerate.data_loader import SeedableRandomSampler
-
-            sampler = SeedableRandomSampler(data_source=sampler.data_source, data_seed=self.args.data_seed)
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        ids = ids_by_position(dataset, self.args.sb_index_column) if self.engine.plans_before_loading else None
-        padded = self.args.world_size > 1 and not self.args.dataloader_drop_last
-        rows_per_round = self.args.world_size * self._selection_batch_size() if padded else 1
-        self._planned_sampler = PlannedSampler(sampler, ids, rows_per_round)
+        self._planned_sampler = planned_sampler(
+            sampler, dataset, self.args, self._selection_batch_size(), self.engine.plans_before_loading
+        )
         return self._planned_sampler
 
     # ---- run length and schedule ---------------------------------------------------------------
@@ -234,32 +202,17 @@ class SelectiveBackpropMixin:
             self.accelerator.num_processes, _compat.train_batch_size(self), self._selection_batch_size(),
         )
         self.engine.epoch_based = has_length(dataloader) and args.max_steps <= 0
-        self._expected_steps = max_steps = values.max_steps
-        if not has_length(dataloader):
-            return values
-        num_train_epochs = values.num_train_epochs
-        if self.engine.epoch_based:
-            max_steps = self._expected_steps = self._plan.expected_steps(args.num_train_epochs)
-        else:
-            num_train_epochs = sys.maxsize  # a step-based run reads as many epochs as its steps need
-        micro_batches = self._plan.max_micro_batches_per_epoch(args.gradient_accumulation_steps)
-        steps = micro_batches // args.gradient_accumulation_steps
-        return values._replace(num_train_epochs=num_train_epochs, num_update_steps_per_epoch=steps,
-                               steps_in_epoch=micro_batches, max_steps=max_steps)
+        if has_length(dataloader):  # a stream keeps the Trainer's values: it is step-based
+            values = self._plan.loop_values(values, args, self.engine.epoch_based)
+        self._expected_steps = values.max_steps
+        return values
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         scheduler = super().create_scheduler(num_training_steps, optimizer)
-        milestones = getattr(self.args, "lr_decay_milestones", None)
-        if milestones:
-            # Inside the progress mapping below, so the decays fall on shares of the data read.
-            factor = self.args.lr_decay_factor
-            _compat.map_lr_lambdas(scheduler, lambda fn: fn if is_step_decay(fn) else step_decay(
-                fn, milestones, factor, num_training_steps))
-        if self.selector is not None:
-            # How many examples selection keeps drifts as losses fall, so the number of steps an
-            # epoch makes is only known afterwards. The schedule follows the run's progress
-            # instead, scaled to the expected step count: it ends exactly when the data does.
-            _compat.map_lr_lambdas(scheduler, lambda fn: partial(at_progress, fn, self, num_training_steps))
+        # How many examples selection keeps drifts as losses fall, so the number of steps an epoch makes is
+        # only known afterwards: the schedule follows the run's progress instead, scaled to the expected step
+        # count, and ends exactly when the data does.
+        schedule_for(self, scheduler, num_training_steps)
         return scheduler
 
     def training_progress(self) -> float:
@@ -316,19 +269,7 @@ class SelectiveBackpropMixin:
         return micro_batches, _compat.num_items_in_batch(self, micro_batches, device)
 
     def _selection_model(self) -> torch.nn.Module:
-        # Under DDP a forward of the wrapper syncs buffers, a collective that ranks scoring
-        # different numbers of rows would not match; the inner module (which keeps
-        # Accelerate's autocast patch) needs no collective. With torch_compile the DDP wrapper sits
-        # inside the compiled one, so both are unwrapped (keep_torch_compile=False: keeping it would
-        # re-point the compiled module at the inner one and take DDP out of training too). A compiled
-        # model without a wrapper inside stays compiled, unless --sb_selection_precision needs the
-        # eager module (SelectionScorer swaps its forward).
-        wrapped = self.model_wrapped
-        inner = self.accelerator.unwrap_model(wrapped, keep_torch_compile=False)
-        compiled_alone = getattr(wrapped, "_orig_mod", None) is inner
-        if compiled_alone and self.args.sb_selection_precision == "auto":
-            return wrapped
-        return inner
+        return selection_model(self.model_wrapped, self.accelerator, self.args.sb_selection_precision)
 
     def training_step(self, model, inputs, *args, **kwargs):
         if self.selector is None:
@@ -425,17 +366,9 @@ class SelectiveBackpropMixin:
         if self.selector is not None:
             # Without selection the output folder and metrics are the Trainer's own (cards.training_costs
             # gives such a run's counters).
-            self.sb_stats = {**self.selection_summary(), "strategy": self.args.sb_strategy}
-            self.sb_stats["expected_steps"] = self._expected_steps
-            self.sb_stats["queued_at_end"] = int(
-                distributed.sum_over_processes(self.accelerator, {"rows": len(self.engine.queue)})["rows"]
-            )
-            notes = end_of_run_notes(self.sb_stats, self.selector.expected_keep_fraction(), self.args.sb_history_size)
-            for note in notes if self.args.should_log else []:
+            self.sb_stats, notes = finish_run(self, output.metrics, self._expected_steps)
+            for note in notes:
                 logger.warning(note)
-            output.metrics.update({f"sb/{k}": v for k, v in self.sb_stats.items()})
-            if self.args.should_save:
-                write_stats(self.sb_stats, os.path.join(self.args.output_dir, STATS_FILE))
         return output
 
     def create_model_card(self, *args, **kwargs):

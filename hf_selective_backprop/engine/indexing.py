@@ -162,3 +162,13 @@ def refuse_index_column_the_model_reads(model, column: str, label_names) -> None
             f"--sb_index_column {column!r} names {what}: the example ids need a column of their own, which the "
             "model never receives; pass another name, e.g. --sb_index_column index"
         )
+
+
+def prepare_training_dataset(dataset, model, args, label_names):
+    """The training dataset with its id column (refused where the model would read it), bad ids named now, by row."""
+    if isinstance(dataset, IterableDataset) and args.sb_staleness > 1:
+        raise ValueError("--sb_staleness > 1 needs a map-style dataset: an IterableDataset has no stable ids")
+    refuse_index_column_the_model_reads(model, args.sb_index_column, label_names)
+    dataset = with_index_column(dataset, args.sb_index_column)
+    check_column_ids(dataset, args.sb_index_column)
+    return dataset

@@ -163,3 +163,18 @@ def _without_training_autocast(model: torch.nn.Module):
         yield
     finally:
         model.forward = patched
+
+
+def selection_model(wrapped: torch.nn.Module, accelerator, precision: str) -> torch.nn.Module:
+    """The model the selection forward runs: the training model without its DDP wrapper.
+
+    Under DDP a forward of the wrapper syncs buffers, a collective that ranks scoring different numbers of
+    rows would not match; the inner module (which keeps Accelerate's autocast patch) needs no collective.
+    With torch_compile the DDP wrapper sits inside the compiled one, so both are unwrapped
+    (keep_torch_compile=False: keeping it would re-point the compiled module at the inner one and take DDP
+    out of training too). A compiled model without a wrapper inside stays compiled, unless
+    --sb_selection_precision needs the eager module (SelectionScorer swaps its forward).
+    """
+    inner = accelerator.unwrap_model(wrapped, keep_torch_compile=False)
+    compiled_alone = getattr(wrapped, "_orig_mod", None) is inner
+    return wrapped if compiled_alone and precision == "auto" else inner

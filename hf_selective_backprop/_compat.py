@@ -101,8 +101,13 @@ TRAINER_PRIVATE_NAMES = frozenset(PRIVATE_SURFACE)
 # ---- data ------------------------------------------------------------------------------------------
 
 
-def dataloader(trainer, dataset, description: str, batch_size: int, sampler_fn):
-    return trainer._get_dataloader(dataset, description, batch_size, sampler_fn, is_training=True)
+def dataloader(trainer, dataset, description: str, batch_size: int, sampler_fn, collator):
+    """The training loader of ``collator``, which ``_get_dataloader`` takes from ``trainer.data_collator``."""
+    original, trainer.data_collator = trainer.data_collator, collator
+    try:
+        return trainer._get_dataloader(dataset, description, batch_size, sampler_fn, is_training=True)
+    finally:
+        trainer.data_collator = original
 
 
 def remove_unused_columns(trainer, dataset, description: str):

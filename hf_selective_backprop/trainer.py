@@ -167,17 +167,12 @@ class SelectiveBackpropMixin:
             self.train_dataset, self.data_collator, args.dataloader_num_workers,
             self.accelerator.dataloader_config.dispatch_batches,
         )
-        collator = self.data_collator
         # Wrapped for the training loader only: evaluation batches are not read by the engine.
-        self.data_collator = data_state.wrap(keeping_ids(collator, args.sb_index_column))
-        try:
-            loader = _compat.dataloader(
-                self, self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler
-            )
-        finally:
-            self.data_collator = collator
-        run = run_record.describe(args, self.train_dataset)
-        self.engine.attach(loader, self._planned_sampler, data_state, run)
+        collator = data_state.wrap(keeping_ids(self.data_collator, args.sb_index_column))
+        loader = _compat.dataloader(
+            self, self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler, collator
+        )
+        self.engine.attach(loader, self._planned_sampler, data_state, run_record.describe(args, self.train_dataset))
         return loader
 
     def _get_train_sampler(self, train_dataset=None):

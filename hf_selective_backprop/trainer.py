@@ -11,7 +11,6 @@ refresh), logging and checkpoints.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from functools import partial
 
@@ -357,7 +356,7 @@ class SelectiveBackpropMixin:
         finally:
             if self.selector is not None:
                 self._flow_callback.stop_filtering()
-            rotation.train_ended(self)
+                rotation.train_ended(self)
         if self.selector is not None:
             # Without selection the output folder and metrics are the Trainer's own (cards.training_costs
             # gives such a run's counters).
@@ -377,26 +376,17 @@ class SelectiveBackpropMixin:
     def _save_checkpoint(self, model, trial):
         if self.selector is None:
             return super()._save_checkpoint(model, trial)
+        folder = rotation.folder(_compat.output_dir(self, trial), self.state.global_step)
+        trainer_files = partial(super()._save_checkpoint, model, trial)
+        save = partial(checkpointing.save_before_trainer, self, model, folder, trainer_files)
         # The Trainer's rotation would delete every checkpoint-* folder of output_dir, a previous run's or a
         # user's included: rotate among this run's own instead (hf_selective_backprop.engine.rotation).
-        rotation.save_rotating(self, trial, partial(self._save_checkpoint_files, model, trial))
+        rotation.save_rotating(self, trial, save)
 
     def _load_best_model(self):
         super()._load_best_model()
         if self.selector is not None:
             rotation.best_model_loaded(self)
-
-    def _save_checkpoint_files(self, model, trial):
-        with self.engine.stats.timer("save_seconds"):
-            # Selection state first: the Trainer writes trainer_state.json after the weights, optimizer
-            # and RNG files and rotates old checkpoints only after that, so trainer_state.json marks a
-            # complete checkpoint and a kill mid-save never leaves only incomplete ones (docs/reliability.md).
-            folder = rotation.folder(_compat.output_dir(self, trial), self.state.global_step)
-            os.makedirs(folder, exist_ok=True)
-            checkpointing.save(self.engine, folder, self.args.should_save, self.accelerator.unwrap_model(model))
-            if self.accelerator.num_processes > 1:
-                self.accelerator.wait_for_everyone()
-            super()._save_checkpoint(model, trial)
 
 
 class SelectiveBackpropTrainer(SelectiveBackpropMixin, Trainer):

@@ -7,9 +7,11 @@ says for each private name why it is needed and which public hook would make it 
 ``trainer.py`` (the overrides) and this module name the Trainer's private members
 (``tests/test_compat.py`` checks it), so a transformers release that changes them is adapted to here.
 
-Beside the private names, three public attributes are used in a way the Trainer does not document:
-the scheduler's ``lr_lambdas`` (`map_lr_lambdas`), the ``DefaultFlowCallback`` swap
-(`replace_default_flow`) and ``args.save_total_limit`` hidden during saves (`save_total_limit_hidden`).
+Beside the private names: the seven values ``set_initial_training_values`` returns, which the loop unpacks
+by position, are read and returned by name (`TrainingValues`, their count checked), and three public
+attributes are used in a way the Trainer does not document: the scheduler's ``lr_lambdas``
+(`map_lr_lambdas`), the ``DefaultFlowCallback`` swap (`replace_default_flow`) and ``args.save_total_limit``
+hidden during saves (`save_total_limit_hidden`, `hide_save_total_limit`).
 How ``compute_loss`` scales the loss over processes is mirrored by `TRAINER_LOSS_SCALE` and
 `SFT_LOSS_SCALE`, each checked against the upstream ``compute_loss`` when a trainer is built.
 """

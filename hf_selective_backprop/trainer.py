@@ -83,6 +83,7 @@ class SelectiveBackpropMixin:
         if self.selector is None:
             return  # the Trainer itself, callbacks, rotation and checkpoint files included
         self.add_callback(rotation.RunCheckpoints())
+        # The ZeRO-3 test is this module's name for it, which tests/test_gpu_hazards.py patches to pretend ZeRO-3.
         parallelism.refuse_unsupported(self, is_deepspeed_zero3_enabled)
         if self.selector.produces_weights:
             self.loss_scale_rule.check(self)  # an upstream that scales otherwise fails here, not in the gradients
@@ -203,9 +204,9 @@ class SelectiveBackpropMixin:
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         scheduler = super().create_scheduler(num_training_steps, optimizer)
-        # How many examples selection keeps drifts as losses fall, so the number of steps an epoch makes is
-        # only known afterwards: the schedule follows the run's progress instead, scaled to the expected step
-        # count, and ends exactly when the data does.
+        # Step decays at --lr_decay_milestones; under selection, how many examples are kept drifts as losses
+        # fall, so an epoch's step count is only known afterwards: the schedule follows the run's progress
+        # instead, scaled to the expected step count, and ends exactly when the data does.
         schedule_for(self, scheduler, num_training_steps)
         return scheduler
 

@@ -394,3 +394,17 @@ class SelectiveBackpropArguments:
 @dataclass
 class SelectiveBackpropConfig(SelectiveBackpropArguments, TrainingArguments):
     """Training arguments for `SelectiveBackpropTrainer`: `TrainingArguments` plus the `sb_*` flags."""
+
+
+def check_trainer_arguments(trainer, per_example_loss_func) -> None:
+    """What a selective trainer refuses among its own arguments, before it builds anything."""
+    if not isinstance(trainer.args, SelectiveBackpropArguments):
+        raise TypeError(
+            f"{type(trainer).__name__} needs args with the sb_* fields of SelectiveBackpropArguments (e.g. "
+            f"{trainer.config_class_name}), got {type(trainer.args).__name__}"
+        )
+    if trainer.compute_loss_func is not None and per_example_loss_func is None and trainer.args.sb_strategy != "none":
+        raise ValueError(
+            "compute_loss_func is set, so selection cannot know each example's loss: pass "
+            "per_example_loss_func=(outputs, labels) -> per-example losses as well"
+        )

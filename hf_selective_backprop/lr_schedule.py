@@ -13,6 +13,8 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from functools import partial
 
+from . import _compat
+
 #: The paper's epochs 60/120/160 of 200.
 PAPER_MILESTONES = (0.3, 0.6, 0.8)
 PAPER_FACTOR = 0.2
@@ -52,3 +54,25 @@ def check_milestones(milestones: Sequence[float], factor: float) -> None:
         )
     if not 0.0 < factor <= 1.0:
         raise ValueError(f"--lr_decay_factor must be in (0, 1], got {factor!r}")
+
+
+def at_progress(fn: Callable[[int], float], trainer, total_steps: int, step: int) -> float:
+    """``fn`` at the step that a selective run's progress (the share of its data read) makes of ``total_steps``:
+    how many examples selection keeps drifts as losses fall, so an epoch's step count is only known afterwards."""
+    if not (trainer.is_in_train and trainer.engine.epoch_based):
+        return fn(step)  # a step-based run, or a scheduler stepped by hand outside training
+    return fn(round(trainer.training_progress() * total_steps))
+
+
+def schedule_for(trainer, scheduler, total_steps: int) -> None:
+    """The Trainer's ``LambdaLR`` schedule with ``--lr_decay_milestones``, and under selection on the run's
+    progress (`at_progress`)."""
+    milestones = getattr(trainer.args, "lr_decay_milestones", None)
+    if milestones:
+        # Inside the progress mapping below, so the decays fall on shares of the data read.
+        factor = trainer.args.lr_decay_factor
+        _compat.map_lr_lambdas(
+            scheduler, lambda fn: fn if is_step_decay(fn) else step_decay(fn, milestones, factor, total_steps)
+        )
+    if trainer.selector is not None:
+        _compat.map_lr_lambdas(scheduler, lambda fn: partial(at_progress, fn, trainer, total_steps))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from trl import SFTConfig, SFTTrainer
 
+from . import _compat
 from .config import SelectiveBackpropArguments
 from .engine.packing import PackedScorer, SequenceRowsCollator, first_sequence_ids, packed_rows, per_sequence, swapped
 from .losses import ExampleLoss
@@ -93,6 +94,7 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
     """
 
     config_class_name = "SelectiveBackpropSFTConfig"
+    loss_scale_rule = _compat.SFT_LOSS_SCALE
 
     def __init__(self, model, args=None, *rest, **kwargs):
         # SFTTrainer rebuilds other TrainingArguments as an SFTConfig, which has no sb_* fields.
@@ -118,7 +120,7 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
         """Sequences a re-packed training micro-batch holds: as many as a loaded training batch holds on average
         (per_device_train_batch_size rows of the packed dataset), so a step trains as many sequences and, on
         average, tokens as one of plain packed SFT, and the run's step count (and LR schedule) is unchanged."""
-        batch = self._train_batch_size
+        batch = _compat.train_batch_size(self)
         dataset = self.train_dataset
         if "seq_lengths" not in getattr(dataset, "column_names", ()) or len(dataset) == 0:
             return batch  # padding-free without packing: one dataset row is one sequence
@@ -145,14 +147,12 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
         with swapped(self, "data_collator", self._sequence_rows_collator(self.data_collator)):
             return super().get_train_dataloader()
 
-    def _get_train_sampler(self, train_dataset=None):
-        sampler = super()._get_train_sampler(train_dataset)
-        dataset = train_dataset if train_dataset is not None else self.train_dataset
-        if self._packs_sequences and sampler is not None and "seq_lengths" in getattr(dataset, "column_names", ()):
+    def _plans_before_loading(self, dataset) -> bool:
+        if self._packs_sequences and "seq_lengths" in getattr(dataset, "column_names", ()):
             # A packed row holds several sequences: nothing is decided before loading (Stale-SB's stale epochs
             # read each sequence's stored loss once loaded instead).
-            sampler.ids_by_position = None
-        return sampler
+            return False
+        return super()._plans_before_loading(dataset)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         micro_batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
@@ -194,12 +194,6 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
         finally:
             handle.remove()
         return loss, captured[0]
-
-    def _loss_scale(self, num_items_in_batch) -> int:
-        # SFTTrainer undoes DDP's averaging whenever the token count is summed over ranks.
-        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
-            return self.accelerator.num_processes // self.get_tp_size()
-        return 1
 
 
 def packs_sequences(args) -> bool:

@@ -10,33 +10,29 @@ refresh), logging and checkpoints.
 
 from __future__ import annotations
 
-import inspect
 import logging
-import os
-import sys
 import time
 from functools import partial
 
-import datasets
 import torch
-from transformers import DefaultFlowCallback, Trainer
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, has_length
+from transformers import Trainer
+from transformers.trainer_utils import has_length
 
-from .config import SelectiveBackpropArguments
+from . import _compat, parallelism
+from .config import check_trainer_arguments
 from .engine import SelectionEngine, checkpointing, distributed, reference, rotation, run_record, streams
-from .engine.accounting import STATS_FILE, TIMINGS, end_of_run_notes, run_summary, write_stats
+from .engine.accounting import STATS_FILE, TIMINGS, finish_run, run_summary
 from .engine.callback import SelectionFlowCallback
 from .engine.checkpoints import require_complete_checkpoint, require_resumable
 from .engine.data_state import DataState, stateful_sources
 from .engine.engine import WEIGHT_KEY, check_rows
-from .engine.epoch_plan import PlannedSampler
-from .engine.indexing import check_column_ids, ids_by_position, keeping_ids, with_index_column
+from .engine.epoch_plan import planned_sampler
+from .engine.indexing import keeping_ids, prepare_training_dataset
 from .engine.padding import queue_padding
 from .engine.plan import TrainingPlan
-from .engine.reference import IrreducibleLosses
-from .engine.scoring import SelectionScorer
+from .engine.scoring import SelectionScorer, selection_model
 from .losses import check_per_example_loss, model_task, per_example_loss_for, weighted_loss
-from .lr_schedule import is_step_decay, step_decay
+from .lr_schedule import schedule_for
 from .selectors import build_selector
 
 __all__ = ["STATS_FILE", "WEIGHT_KEY", "SelectiveBackpropMixin", "SelectiveBackpropTrainer"]
@@ -63,22 +59,16 @@ class SelectiveBackpropMixin:
     engine_class = SelectionEngine
     #: The arguments class that error messages suggest.
     config_class_name = "SelectiveBackpropConfig"
-    _reference_pass: reference.ReferencePass | None = None
+    #: How the wrapped trainer's compute_loss scales the loss over processes, which the weighted loss must match.
+    loss_scale_rule = _compat.TRAINER_LOSS_SCALE
+    #: For 'rholoss': the column or reference model that gives the irreducible losses.
+    _reference: reference.Reference | None = None
     #: (ids, weights) of the micro-batch in training_step, until compute_loss reads them.
     _step_extras: tuple | None = None
 
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
         super().__init__(*args, **kwargs)
-        if not isinstance(self.args, SelectiveBackpropArguments):
-            raise TypeError(
-                f"{type(self).__name__} needs args with the sb_* fields of SelectiveBackpropArguments (e.g. "
-                f"{self.config_class_name}), got {type(self.args).__name__}"
-            )
-        if self.compute_loss_func is not None and per_example_loss_func is None and self.args.sb_strategy != "none":
-            raise ValueError(
-                "compute_loss_func is set, so selection cannot know each example's loss: pass "
-                "per_example_loss_func=(outputs, labels) -> per-example losses as well"
-            )
+        check_trainer_arguments(self, per_example_loss_func)
         self.label_name = self.label_names[0] if self.label_names else "labels"
         # The label smoother's factor: the Trainer drops it for multi-label classification.
         smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
@@ -92,19 +82,19 @@ class SelectiveBackpropMixin:
         if self.selector is None:
             return  # the Trainer itself, callbacks, rotation and checkpoint files included
         self.add_callback(rotation.RunCheckpoints())
-        self._refuse_unsupported_parallelism()
+        parallelism.refuse_unsupported(self)
+        if self.selector.produces_weights:
+            self.loss_scale_rule.check(self)  # an upstream that scales otherwise fails here, not in the gradients
         if self.train_dataset is not None:
             streams.check_training_data(self.args, self.selector, self.train_dataset)  # ids, split, infobatch
-            self._refuse_index_column_the_model_reads()
-            self.train_dataset = with_index_column(self.train_dataset, self.args.sb_index_column)
-            check_column_ids(self.train_dataset, self.args.sb_index_column)  # bad ids named now, by row
-        # A loss the user wrote scores the reference too: both sides of the reducible loss must be one kind.
-        self._reference_loss_func = per_example_loss_func
-        self._reference = self._irreducible_source(reference_model)
+            self.train_dataset = prepare_training_dataset(self.train_dataset, self.model, self.args, self.label_names)
+        if self.selector.uses_reference_losses:
+            self._reference, self.train_dataset = reference.Reference.resolve(
+                self, reference_model, per_example_loss_func
+            )
         # In the default flow's place: an epoch-based run ends when its data does (engine/callback.py).
-        self.remove_callback(DefaultFlowCallback)
         self._flow_callback = SelectionFlowCallback(self)
-        self.callback_handler.callbacks.insert(0, self._flow_callback)
+        _compat.replace_default_flow(self, self._flow_callback)
         self.engine = self._build_engine()
         selector = self.selector
         if per_example_loss_func is None and (
@@ -128,127 +118,30 @@ class SelectiveBackpropMixin:
             # one device, what ZeRO-3 avoids.
             logger.info("weights partitioned by ZeRO-3: the per-example loss is not checked against the model's loss")
             return
-        if isinstance(dataset, datasets.Dataset):
-            dataset = self._remove_unused_columns(dataset, description="training")
-        collator = self._get_collator_with_removed_columns(self.data_collator, description="training")
 
         def first_rows() -> dict:
-            batch = collator([dataset[i] for i in range(min(2, len(dataset)))])
+            batch = _compat.collated_rows(self, dataset, min(2, len(dataset)), "training")
             check_rows(batch)
-            return self._prepare_inputs(batch)
+            return _compat.input_preparation(self)(batch)
 
         check_per_example_loss(
             self.model, self.engine.scorer, first_rows, self.args.sb_index_column,
             stateful_sources(self.train_dataset, self.data_collator), self.per_example_loss_func,
         )
 
-    def _refuse_index_column_the_model_reads(self) -> None:
-        """The ids go under ``--sb_index_column`` and never reach the model: a label column there would train on
-        row numbers (``label`` becomes the ``labels`` the model trains on), a required input would be missing. An
-        optional input (``index=None``) may share the name."""
-        column = self.args.sb_index_column
-        labels = {*(self.label_names or []), "label", "label_ids", "labels"}
-        try:
-            parameter = inspect.signature(self.model.forward).parameters.get(column)
-        except (TypeError, ValueError):
-            parameter = None
-        required = parameter is not None and parameter.default is inspect.Parameter.empty and parameter.kind not in (
-            inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
-        if column in labels or required:
-            what = "a label column" if column in labels else f"a required input of {type(self.model).__name__}"
-            raise ValueError(
-                f"--sb_index_column {column!r} names {what}: the example ids need a column of their own, which the "
-                "model never receives; pass another name, e.g. --sb_index_column index"
-            )
-
-    def _irreducible_source(self, reference_model) -> IrreducibleLosses | torch.nn.Module | None:
-        """For 'rholoss': the irreducible losses of a column, or the reference model that will score them.
-
-        Resolved here, so a missing column or a reference of another label count or input size fails
-        before any training time is spent.
-        """
-        if not self.selector.uses_reference_losses:
-            return None
-        args = self.args
-        if reference_model is not None and args.sb_reference_model is not None:
-            raise ValueError("both reference_model= and --sb_reference_model are given; pass only one of them")
-        if args.sb_reference_column is not None:
-            if streams.is_stream(self.train_dataset):  # read once, two columns only
-                pairs = streams.column_pairs(self.train_dataset, args.sb_reference_column, args.sb_index_column,
-                                             self.accelerator)
-                table = IrreducibleLosses.from_pairs(*pairs)
-            else:
-                ids = ids_by_position(self.train_dataset, args.sb_index_column)
-                table = reference.from_column(self.train_dataset, args.sb_reference_column, ids)
-            # The model must not receive the column as an input when remove_unused_columns is off.
-            self.train_dataset = self.train_dataset.remove_columns(args.sb_reference_column)
-            return table
-        if args.sb_reference_model is not None:
-            reference_model = reference.load_reference_model(args.sb_reference_model)
-        if reference_model is None:
-            raise ValueError(
-                "--sb_strategy rholoss selects by loss minus irreducible loss: pass --sb_reference_model (a folder "
-                "holding a model trained on held-out data), --sb_reference_column (a column of irreducible losses), "
-                "or SelectiveBackpropTrainer(reference_model=...)"
-            )
-        reference.check_fits(reference_model, self.accelerator.unwrap_model(self.model), self._reference_name())
-        return reference_model
-
-    def _reference_name(self) -> str:
-        path = self.args.sb_reference_model
-        return f"{reference.MODEL_FLAG} {path!r}" if path is not None else "reference_model"
-
-    def _irreducible_losses(self, resuming: bool) -> IrreducibleLosses | None:
-        """The table of irreducible losses: a column's, scored once by the reference model, or (resuming) None
-        until the checkpoint restores the saved one."""
-        if resuming or isinstance(self._reference, IrreducibleLosses):
-            return None if resuming else self._reference
-        if self._reference_pass is None:  # an auto_find_batch_size restart keeps the first pass
-            self._reference_pass = reference.compute(
-                self, self._reference, self._reference_name(), self._reference_loss_func
-            )
-            ids = ids_by_position(self.train_dataset, self.args.sb_index_column)  # None for a stream: its pass
-            if ids is not None:  # read every row the run reads
-                self._reference_pass.table.check_covers(ids, self._reference_name())
-        self.engine.stats.reference_forwards = self._reference_pass.forwards
-        self.engine.stats.reference_seconds = self._reference_pass.seconds
-        return self._reference_pass.table
-
-    def _refuse_unsupported_parallelism(self) -> None:
-        """Setups whose collectives or loss scale selection would break, refused before anything trains."""
-        strategy = self.args.sb_strategy
-        if self.args.n_gpu > 1:
-            # The Trainer would wrap the model in nn.DataParallel, which splits each step's batch over the
-            # devices and multiplies the loss by the device count (Trainer.compute_loss); a weighted loss
-            # computed on the gathered outputs would be n_gpu times too large.
-            raise ValueError(
-                f"--sb_strategy {strategy} with {self.args.n_gpu} GPUs in one process (torch.nn.DataParallel) is not "
-                "supported: launch one process per GPU with `accelerate launch` (or torchrun), or make one GPU "
-                "visible (CUDA_VISIBLE_DEVICES=0)"
-            )
-        if self.is_fsdp_enabled and self.selector.needs_losses and distributed.fsdp_version(self.accelerator) != 2:
-            # The engine keeps sharded forwards in lockstep (docs/distributed.md), shown with torch's fully_shard
-            # (FSDP2), which shards the module in place. FSDP1 wraps it, and the selection forward would have to
-            # go through that wrapper: not shown.
-            raise ValueError(
-                f"--sb_strategy {strategy} runs selection forwards, supported under FSDP version 2 only: set "
-                "fsdp_version: 2 in the accelerate FSDP config (--fsdp_config with fsdp_version 2), or use DeepSpeed "
-                "ZeRO, DDP, or a strategy without a selection forward (uniform, infobatch)"
-            )
-
     def _build_engine(self) -> SelectionEngine:
         """Fresh selection state: at construction and at each (auto_find_batch_size) restart."""
         args = self.args
         # The Trainer's own input preparation (device, DeepSpeed's cast to the model's dtype) for selection too.
         scorer = SelectionScorer.from_args(
-            self.per_example_loss_func, self.label_name, args, prepare_inputs=self._prepare_inputs
+            self.per_example_loss_func, self.label_name, args, prepare_inputs=_compat.input_preparation(self)
         )
         self.selector = build_selector(args)
         # Text rows from different selection batches have different lengths: re-pad each micro-batch.
         task = model_task(self.accelerator.unwrap_model(self.model))
         padding = self._queue_padding(task != "classification", task == "seq2seq-lm")
         return self.engine_class(
-            args, self.selector, scorer, self.accelerator, self._train_batch_size, self._selection_batch_size(),
+            args, self.selector, scorer, self.accelerator, _compat.train_batch_size(self), self._selection_batch_size(),
             padding=padding,
         )
 
@@ -259,11 +152,11 @@ class SelectiveBackpropMixin:
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
-        if self.selector is not None and self.args.sb_index_column not in self._signature_columns:
-            self._signature_columns.append(self.args.sb_index_column)
+        if self.selector is not None:
+            _compat.add_signature_column(self, self.args.sb_index_column)
 
     def _selection_batch_size(self) -> int:
-        return self.args.selection_batch_size(self._train_batch_size)
+        return self.args.selection_batch_size(_compat.train_batch_size(self))
 
     # ---- data ----------------------------------------------------------------------------------
 
@@ -279,37 +172,28 @@ class SelectiveBackpropMixin:
             self.train_dataset, self.data_collator, args.dataloader_num_workers,
             self.accelerator.dataloader_config.dispatch_batches,
         )
-        collator = self.data_collator
         # Wrapped for the training loader only: evaluation batches are not read by the engine.
-        self.data_collator = data_state.wrap(keeping_ids(collator, args.sb_index_column))
-        try:
-            with streams.own_share(self.accelerator, self.train_dataset):  # a stream split by rank: read as it is
-                loader = self._get_dataloader(
-                    self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler,
-                    is_training=True,
-                )
-        finally:
-            self.data_collator = collator
-        run = run_record.describe(args, self.train_dataset)
-        self.engine.attach(loader, self._planned_sampler, data_state, run)
+        collator = data_state.wrap(keeping_ids(self.data_collator, args.sb_index_column))
+        with streams.own_share(self.accelerator, self.train_dataset):  # a stream split by rank: read as it is
+            loader = _compat.dataloader(
+                self, self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler, collator
+            )
+        self.engine.attach(loader, self._planned_sampler, data_state, run_record.describe(args, self.train_dataset))
         return loader
 
     def _get_train_sampler(self, train_dataset=None):
         sampler = super()._get_train_sampler(train_dataset)
         if self.selector is None or sampler is None:
             return sampler
-        if isinstance(sampler, torch.utils.data.RandomSampler):
-            # Accelerate would make a plain RandomSampler seedable (same order on every rank and on
-            # resume) but cannot see it inside a wrapper, so wrap the seedable one.
-            from accelerate.data_loader import SeedableRandomSampler
-
-            sampler = SeedableRandomSampler(data_source=sampler.data_source, data_seed=self.args.data_seed)
         dataset = train_dataset if train_dataset is not None else self.train_dataset
-        ids = ids_by_position(dataset, self.args.sb_index_column) if self.engine.plans_before_loading else None
-        padded = self.args.world_size > 1 and not self.args.dataloader_drop_last
-        rows_per_round = self.args.world_size * self._selection_batch_size() if padded else 1
-        self._planned_sampler = PlannedSampler(sampler, ids, rows_per_round)
+        self._planned_sampler = planned_sampler(
+            sampler, dataset, self.args, self._selection_batch_size(), self._plans_before_loading(dataset)
+        )
         return self._planned_sampler
+
+    def _plans_before_loading(self, dataset) -> bool:
+        """Whether an epoch's plan decides ``dataset``'s rows before they are loaded."""
+        return self.engine.plans_before_loading
 
     # ---- run length and schedule ---------------------------------------------------------------
 
@@ -317,39 +201,23 @@ class SelectiveBackpropMixin:
         values = super().set_initial_training_values(args, dataloader)
         if self.selector is None:
             return values
-        num_train_epochs, _, num_examples, num_train_samples, total_batch_size, _, max_steps = values
+        values = _compat.training_values(values)
         self._plan = TrainingPlan.for_run(
-            args, self.selector.expected_keep_fraction(), dataloader, num_examples, self.accelerator.num_processes,
-            self._train_batch_size, self._selection_batch_size(),
+            args, self.selector.expected_keep_fraction(), dataloader, values.num_examples,
+            self.accelerator.num_processes, _compat.train_batch_size(self), self._selection_batch_size(),
         )
         self.engine.epoch_based = has_length(dataloader) and args.max_steps <= 0
-        self._expected_steps = max_steps
-        if not has_length(dataloader):
-            return values
-        if self.engine.epoch_based:
-            max_steps = self._expected_steps = self._plan.expected_steps(args.num_train_epochs)
-        else:
-            num_train_epochs = sys.maxsize  # a step-based run reads as many epochs as its steps need
-        micro_batches = self._plan.max_micro_batches_per_epoch(args.gradient_accumulation_steps)
-        steps = micro_batches // args.gradient_accumulation_steps
-        return num_train_epochs, steps, num_examples, num_train_samples, total_batch_size, micro_batches, max_steps
+        if has_length(dataloader):  # a stream keeps the Trainer's values: it is step-based
+            values = self._plan.loop_values(values, args, self.engine.epoch_based)
+        self._expected_steps = values.max_steps
+        return values
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         scheduler = super().create_scheduler(num_training_steps, optimizer)
-        milestones = getattr(self.args, "lr_decay_milestones", None)
-        if milestones and isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
-            # Inside the progress mapping below, so the decays fall on shares of the data read.
-            scheduler.lr_lambdas = [
-                fn if is_step_decay(fn) else step_decay(fn, milestones, self.args.lr_decay_factor, num_training_steps)
-                for fn in scheduler.lr_lambdas
-            ]
-        if self.selector is not None and isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
-            # How many examples selection keeps drifts as losses fall, so the number of steps an
-            # epoch makes is only known afterwards. The schedule follows the run's progress
-            # instead, scaled to the expected step count: it ends exactly when the data does.
-            scheduler.lr_lambdas = [
-                partial(_lambda_at_progress, fn, self, num_training_steps) for fn in scheduler.lr_lambdas
-            ]
+        # Step decays at --lr_decay_milestones; under selection, how many examples are kept drifts as losses
+        # fall, so an epoch's step count is only known afterwards: the schedule follows the run's progress
+        # instead, scaled to the expected step count, and ends exactly when the data does.
+        schedule_for(self, scheduler, num_training_steps)
         return scheduler
 
     def training_progress(self) -> float:
@@ -362,8 +230,10 @@ class SelectiveBackpropMixin:
         if self.selector is not None:
             self.engine = self._build_engine()
             self._train_start = time.perf_counter()
-            if self.selector.uses_reference_losses:
-                self.engine.irreducible = self._irreducible_losses(resuming=resume_from_checkpoint is not None)
+            if self._reference is not None:
+                self.engine.irreducible = self._reference.irreducible_losses(
+                    self, self.engine.stats, resuming=resume_from_checkpoint is not None
+                )
         return super()._inner_training_loop(batch_size, args, resume_from_checkpoint, *rest, **kwargs)
 
     def _init_training_state(self, max_steps, steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial):
@@ -401,24 +271,10 @@ class SelectiveBackpropMixin:
                 engine.check_inputs(batch, model)
             engine.add_batch(batch, selecting, model)
         micro_batches = engine.next_step(device)
-        return micro_batches, self._get_num_items_in_batch(micro_batches, device)
+        return micro_batches, _compat.num_items_in_batch(self, micro_batches, device)
 
     def _selection_model(self) -> torch.nn.Module:
-        # Under DDP a forward of the wrapper syncs buffers, a collective that ranks scoring
-        # different numbers of rows would not match; the inner module (which keeps
-        # Accelerate's autocast patch) needs no collective. With torch_compile the DDP wrapper sits
-        # inside the compiled one, so both are unwrapped (keep_torch_compile=False: keeping it would
-        # re-point the compiled module at the inner one and take DDP out of training too). A compiled
-        # model without a wrapper inside stays compiled, unless --sb_selection_precision needs the
-        # eager module (SelectionScorer swaps its forward).
-        wrapped = self.model_wrapped
-        if self.is_fsdp_enabled:
-            return wrapped  # FSDP2 shards the module in place: its forward gathers the weights, as training's does
-        inner = self.accelerator.unwrap_model(wrapped, keep_torch_compile=False)
-        compiled_alone = getattr(wrapped, "_orig_mod", None) is inner
-        if compiled_alone and self.args.sb_selection_precision == "auto":
-            return wrapped
-        return inner
+        return selection_model(self.model_wrapped, self.accelerator, self.args.sb_selection_precision)
 
     def training_step(self, model, inputs, *args, **kwargs):
         if self.selector is None:
@@ -463,7 +319,7 @@ class SelectiveBackpropMixin:
         else:
             loss, per_example = weighted_loss(self.per_example_loss_func, outputs, labels, weights,
                                               num_items_in_batch)
-            loss = loss * self._loss_scale(num_items_in_batch)
+            loss = loss * self.loss_scale_rule.factor(self, num_items_in_batch)
         if refresh:
             # A trained example's training-forward loss is fresher than its stored one.
             self.engine.observe(ids, per_example.detach())
@@ -472,18 +328,6 @@ class SelectiveBackpropMixin:
     def _loss_and_outputs(self, model, inputs, num_items_in_batch):
         """The trainer's own loss and the outputs of the forward it was computed from."""
         return super().compute_loss(model, inputs, True, num_items_in_batch)
-
-    def _loss_scale(self, num_items_in_batch) -> int:
-        """What Trainer.compute_loss multiplies the model's loss by: with a token count summed over
-        ranks, DDP's gradient averaging is undone by the number of processes."""
-        if (
-            self.args.average_tokens_across_devices
-            and (self.model_accepts_loss_kwargs or self.compute_loss_func)
-            and num_items_in_batch is not None
-        ):
-            n_gpu = self.args.n_gpu
-            return self.accelerator.num_processes // self.get_tp_size() if n_gpu <= 1 else n_gpu
-        return 1
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
         if self.selector is not None:
@@ -523,23 +367,13 @@ class SelectiveBackpropMixin:
         finally:
             if self.selector is not None:
                 self._flow_callback.stop_filtering()
-            if hasattr(self, "_hidden_save_total_limit"):  # see _load_best_model
-                self.args.save_total_limit = self._hidden_save_total_limit
-                del self._hidden_save_total_limit
+                rotation.train_ended(self)
         if self.selector is not None:
             # Without selection the output folder and metrics are the Trainer's own (cards.training_costs
             # gives such a run's counters).
-            self.sb_stats = {**self.selection_summary(), "strategy": self.args.sb_strategy}
-            self.sb_stats["expected_steps"] = self._expected_steps
-            self.sb_stats["queued_at_end"] = int(
-                distributed.sum_over_processes(self.accelerator, {"rows": len(self.engine.queue)})["rows"]
-            )
-            notes = end_of_run_notes(self.sb_stats, self.selector.expected_keep_fraction(), self.args.sb_history_size)
-            for note in notes if self.args.should_log else []:
+            self.sb_stats, notes = finish_run(self, output.metrics, self._expected_steps)
+            for note in notes:
                 logger.warning(note)
-            output.metrics.update({f"sb/{k}": v for k, v in self.sb_stats.items()})
-            if self.args.should_save:
-                write_stats(self.sb_stats, os.path.join(self.args.output_dir, STATS_FILE))
         return output
 
     def create_model_card(self, *args, **kwargs):
@@ -553,40 +387,17 @@ class SelectiveBackpropMixin:
     def _save_checkpoint(self, model, trial):
         if self.selector is None:
             return super()._save_checkpoint(model, trial)
+        folder = rotation.folder(_compat.output_dir(self, trial), self.state.global_step)
+        trainer_files = partial(super()._save_checkpoint, model, trial)
+        save = partial(checkpointing.save_before_trainer, self, model, folder, trainer_files)
         # The Trainer's rotation would delete every checkpoint-* folder of output_dir, a previous run's or a
         # user's included: rotate among this run's own instead (hf_selective_backprop.engine.rotation).
-        record, run_dir = rotation.record_of(self), self._get_output_dir(trial)
-        rotation.add(record, run_dir, self.state.global_step)
-        if self.accelerator.num_processes > 1:
-            # Every rank writes into the folder: the main one must see it as it was before the save.
-            self.accelerator.wait_for_everyone()
-        with rotation.trainer_rotation_off(self.args):
-            self._save_checkpoint_files(model, trial)
-        if self.args.should_save:
-            newest = rotation.folder(run_dir, self.state.global_step)
-            rotation.rotate(record, run_dir, self.args.save_total_limit, [newest, self.state.best_model_checkpoint])
+        rotation.save_rotating(self, trial, save)
 
     def _load_best_model(self):
         super()._load_best_model()
-        if self.selector is not None and self.args.should_save and self.args.save_total_limit == 1:
-            # The Trainer goes on to delete every checkpoint-* folder but the best when save_total_limit is 1;
-            # delete only this run's, and hide the limit from it until train() returns.
-            best = self.state.best_model_checkpoint
-            rotation.rotate(rotation.record_of(self), os.path.dirname(best), 1, [best])
-            self._hidden_save_total_limit = self.args.save_total_limit
-            self.args.save_total_limit = None
-
-    def _save_checkpoint_files(self, model, trial):
-        with self.engine.stats.timer("save_seconds"):
-            # Selection state first: the Trainer writes trainer_state.json after the weights, optimizer
-            # and RNG files and rotates old checkpoints only after that, so trainer_state.json marks a
-            # complete checkpoint and a kill mid-save never leaves only incomplete ones (docs/reliability.md).
-            folder = os.path.join(self._get_output_dir(trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-            os.makedirs(folder, exist_ok=True)
-            checkpointing.save(self.engine, folder, self.args.should_save, self.accelerator.unwrap_model(model))
-            if self.accelerator.num_processes > 1:
-                self.accelerator.wait_for_everyone()
-            super()._save_checkpoint(model, trial)
+        if self.selector is not None:
+            rotation.best_model_loaded(self)
 
 
 class SelectiveBackpropTrainer(SelectiveBackpropMixin, Trainer):
@@ -599,9 +410,3 @@ class SelectiveBackpropTrainer(SelectiveBackpropMixin, Trainer):
             ``--sb_reference_model``, its folder).
         Every other argument is `transformers.Trainer`'s.
     """
-
-
-def _lambda_at_progress(fn, trainer: SelectiveBackpropMixin, total_steps: int, step: int) -> float:
-    if not (trainer.is_in_train and trainer.engine.epoch_based):
-        return fn(step)  # a step-based run, or a scheduler stepped by hand outside training
-    return fn(round(trainer.training_progress() * total_steps))

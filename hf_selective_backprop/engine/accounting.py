@@ -174,3 +174,17 @@ def end_of_run_notes(summary: dict, expected_keep: float | None, history_size: i
             "and are kept less often"
         )
     return notes
+
+
+def finish_run(trainer, metrics: dict, expected_steps: int) -> tuple[dict, list[str]]:
+    """The run's summary (a collective), added to train()'s ``metrics`` and written to sb_stats.json, and the notes
+    on it to log (`end_of_run_notes`, on the process that logs)."""
+    args = trainer.args
+    stats = {**trainer.selection_summary(), "strategy": args.sb_strategy, "expected_steps": expected_steps}
+    queued = distributed.sum_over_processes(trainer.accelerator, {"rows": len(trainer.engine.queue)})["rows"]
+    stats["queued_at_end"] = int(queued)
+    notes = end_of_run_notes(stats, trainer.selector.expected_keep_fraction(), args.sb_history_size)
+    metrics.update({f"sb/{k}": v for k, v in stats.items()})
+    if args.should_save:
+        write_stats(stats, os.path.join(args.output_dir, STATS_FILE))
+    return stats, notes if args.should_log else []

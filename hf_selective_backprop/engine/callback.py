@@ -7,6 +7,8 @@ import logging
 from transformers import DefaultFlowCallback
 from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
+from .. import _compat
+
 logger = logging.getLogger(__name__)
 #: The Trainer's logger, and how its warning for an epoch that made no step begins: under selection such an
 #: epoch kept too few rows for a step, which carry over, and training goes on (the warning says it stops).
@@ -86,7 +88,7 @@ class SelectionFlowCallback(DefaultFlowCallback):
                 logger.warning(
                     "epoch %d kept fewer rows than one optimizer step takes (%d): they stay queued and train in the "
                     "next epoch's steps, and training goes on (said once per run)",
-                    engine.epoch, self.trainer._train_batch_size * args.gradient_accumulation_steps,
+                    engine.epoch, _compat.train_batch_size(self.trainer) * args.gradient_accumulation_steps,
                 )
         if engine.epoch_based and done and self.ended_at_step != state.global_step:
             # The data ran out after the last step, which could not know it was the last: its final

@@ -176,3 +176,18 @@ def _adopt_rank_states(engine: SelectionEngine, checkpoint: str, old_world: int)
         "continues, but not bit for bit as it would have with the same processes.",
         stacklevel=2,
     )
+
+
+def save_before_trainer(trainer, model, folder: str, save_trainer_files) -> None:
+    """Write the engine's files into the checkpoint ``folder``, then the Trainer's (``save_trainer_files()``).
+
+    Selection state first: the Trainer writes trainer_state.json after the weights, optimizer and RNG files
+    and rotates old checkpoints only after that, so trainer_state.json marks a complete checkpoint and a kill
+    mid-save never leaves only incomplete ones (docs/reliability.md).
+    """
+    with trainer.engine.stats.timer("save_seconds"):
+        os.makedirs(folder, exist_ok=True)
+        save(trainer.engine, folder, trainer.args.should_save, trainer.accelerator.unwrap_model(model))
+        if trainer.accelerator.num_processes > 1:
+            trainer.accelerator.wait_for_everyone()
+        save_trainer_files()

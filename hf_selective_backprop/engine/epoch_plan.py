@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import Sampler
 
 from ..selectors import Selection, Selector
+from .indexing import ids_by_position
 
 
 @dataclass
@@ -123,3 +124,16 @@ class PlannedSampler(Sampler[int]):
             order = order.repeat(math.ceil(self._padded(len(order)) / len(order)))[: self._padded(len(order))]
         skip, self.skip = self.skip, 0
         yield from order[skip:].tolist()
+
+
+def planned_sampler(sampler, dataset, args, selection_batch_size: int, plans_before_loading: bool) -> PlannedSampler:
+    """The Trainer's training sampler, wrapped to load only the rows an epoch's plan trains."""
+    if isinstance(sampler, torch.utils.data.RandomSampler):
+        # Accelerate would make a plain RandomSampler seedable (same order on every rank and on
+        # resume) but cannot see it inside a wrapper, so wrap the seedable one.
+        from accelerate.data_loader import SeedableRandomSampler
+
+        sampler = SeedableRandomSampler(data_source=sampler.data_source, data_seed=args.data_seed)
+    ids = ids_by_position(dataset, args.sb_index_column) if plans_before_loading else None
+    padded = args.world_size > 1 and not args.dataloader_drop_last
+    return PlannedSampler(sampler, ids, args.world_size * selection_batch_size if padded else 1)

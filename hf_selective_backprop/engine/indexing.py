@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Mapping
 
@@ -142,3 +143,30 @@ def _column_values(dataset: HFDataset, column: str) -> numpy.ndarray:
     values = dataset.data.column(column).to_numpy()
     mapping = getattr(dataset, "_indices", None)
     return values if mapping is None else values[mapping.column(0).to_numpy()]
+
+
+def refuse_index_column_the_model_reads(model, column: str, label_names) -> None:
+    """The ids go under ``--sb_index_column`` and never reach the model: a label column there would train on
+    row numbers (``label`` becomes the ``labels`` the model trains on), a required input would be missing. An
+    optional input (``index=None``) may share the name."""
+    labels = {*(label_names or []), "label", "label_ids", "labels"}
+    try:
+        parameter = inspect.signature(model.forward).parameters.get(column)
+    except (TypeError, ValueError):
+        parameter = None
+    required = parameter is not None and parameter.default is inspect.Parameter.empty and parameter.kind not in (
+        inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    if column in labels or required:
+        what = "a label column" if column in labels else f"a required input of {type(model).__name__}"
+        raise ValueError(
+            f"--sb_index_column {column!r} names {what}: the example ids need a column of their own, which the "
+            "model never receives; pass another name, e.g. --sb_index_column index"
+        )
+
+
+def prepare_training_dataset(dataset, model, args, label_names):
+    """The training dataset with its id column (refused where the model would read it), bad ids named now, by row."""
+    refuse_index_column_the_model_reads(model, args.sb_index_column, label_names)
+    dataset = with_index_column(dataset, args.sb_index_column)
+    check_column_ids(dataset, args.sb_index_column)
+    return dataset

@@ -77,6 +77,19 @@ class TrainingPlan:
         rows = warm * self.rows_per_epoch + (epochs - warm) * self.rows_per_epoch * self.expected_keep()
         return max(1, math.floor(rows / self.rows_per_step))
 
+    def loop_values(self, values, args, epoch_based: bool):
+        """The Trainer's loop values (``_compat.TrainingValues``) for this plan: an epoch-based run's expected
+        steps, a step-based run's unbounded epochs, and a bound on one epoch's micro-batches."""
+        epochs, max_steps = values.num_train_epochs, values.max_steps
+        if epoch_based:
+            max_steps = self.expected_steps(args.num_train_epochs)
+        else:
+            epochs = sys.maxsize  # a step-based run reads as many epochs as its steps need
+        micro_batches = self.max_micro_batches_per_epoch(args.gradient_accumulation_steps)
+        steps = micro_batches // args.gradient_accumulation_steps
+        return values._replace(num_train_epochs=epochs, num_update_steps_per_epoch=steps, steps_in_epoch=micro_batches,
+                               max_steps=max_steps)
+
     def max_micro_batches_per_epoch(self, grad_accum: int) -> int:
         """A bound on the micro-batches of one epoch (a multiple of grad_accum).
 

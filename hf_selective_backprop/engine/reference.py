@@ -18,9 +18,10 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
+from .. import _compat
 from ..losses import logits_of, per_example_loss_for
 from . import distributed, streams
-from .indexing import IndexedDataset, keeping_ids
+from .indexing import IndexedDataset, ids_by_position, keeping_ids
 from .scoring import SelectionScorer
 
 MODEL_FLAG = "--sb_reference_model"
@@ -77,6 +78,61 @@ class ReferencePass:
     table: IrreducibleLosses
     forwards: int
     seconds: float
+
+
+class Reference:
+    """For 'rholoss': where the irreducible losses come from, a column's table or the reference model that will
+    score them. Resolved when the trainer is built (`resolve`), so a missing column or a reference of another
+    label count or input size fails before any training time is spent."""
+
+    def __init__(self, source: IrreducibleLosses | torch.nn.Module, name: str, loss_fn=None):
+        self.source = source
+        self.name = name  # how errors name the reference
+        # A loss the user wrote scores the reference too: both sides of the reducible loss must be one kind.
+        self.loss_fn = loss_fn
+        self.scored: ReferencePass | None = None
+
+    @classmethod
+    def resolve(cls, trainer, reference_model: torch.nn.Module | None, loss_fn=None):
+        """The reference of ``trainer``'s run, and its training dataset (without the column of irreducible losses,
+        which the model must not receive as an input when remove_unused_columns is off)."""
+        args, dataset = trainer.args, trainer.train_dataset
+        if reference_model is not None and args.sb_reference_model is not None:
+            raise ValueError("both reference_model= and --sb_reference_model are given; pass only one of them")
+        path = args.sb_reference_model
+        name = f"{MODEL_FLAG} {path!r}" if path is not None else "reference_model"
+        if args.sb_reference_column is not None:
+            if streams.is_stream(dataset):  # read once, two columns only
+                pairs = streams.column_pairs(dataset, args.sb_reference_column, args.sb_index_column,
+                                             trainer.accelerator)
+                table = IrreducibleLosses.from_pairs(*pairs)
+            else:
+                table = from_column(dataset, args.sb_reference_column, ids_by_position(dataset, args.sb_index_column))
+            return cls(table, name, loss_fn), dataset.remove_columns(args.sb_reference_column)
+        if path is not None:
+            reference_model = load_reference_model(path)
+        if reference_model is None:
+            raise ValueError(
+                "--sb_strategy rholoss selects by loss minus irreducible loss: pass --sb_reference_model (a folder "
+                "holding a model trained on held-out data), --sb_reference_column (a column of irreducible losses), "
+                "or SelectiveBackpropTrainer(reference_model=...)"
+            )
+        check_fits(reference_model, trainer.accelerator.unwrap_model(trainer.model), name)
+        return cls(reference_model, name, loss_fn), dataset
+
+    def irreducible_losses(self, trainer, stats, resuming: bool) -> IrreducibleLosses | None:
+        """The table: a column's, or scored once by the reference model (its cost recorded in ``stats``), or
+        (resuming) None until the checkpoint restores the saved one. A collective when it scores."""
+        if resuming or isinstance(self.source, IrreducibleLosses):
+            return None if resuming else self.source
+        if self.scored is None:  # an auto_find_batch_size restart keeps the first pass
+            self.scored = compute(trainer, self.source, self.name, self.loss_fn)
+            ids = ids_by_position(trainer.train_dataset, trainer.args.sb_index_column)  # None for a stream: its pass
+            if ids is not None:  # read every row the run reads
+                self.scored.table.check_covers(ids, self.name)
+        stats.reference_forwards = self.scored.forwards
+        stats.reference_seconds = self.scored.seconds
+        return self.scored.table
 
 
 def from_column(dataset, column: str, ids: torch.Tensor) -> IrreducibleLosses:
@@ -226,9 +282,9 @@ def _loader(trainer, dataset) -> DataLoader:
     description = "Reference losses"
     collator = trainer.data_collator
     if hasattr(dataset, "column_names") and not streams.is_stream(dataset):  # a stream: as its training loader does
-        dataset = trainer._remove_unused_columns(dataset, description=description)
+        dataset = _compat.remove_unused_columns(trainer, dataset, description)
     else:
-        collator = trainer._get_collator_with_removed_columns(collator, description=description)
+        collator = _compat.collator_with_removed_columns(trainer, collator, description)
     loader = DataLoader(
         dataset,
         batch_size=trainer.args.eval_batch_size,

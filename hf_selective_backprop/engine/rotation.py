@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import os
 import shutil
-from contextlib import contextmanager
+from collections.abc import Callable
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from .. import _compat
 
 
 class RunCheckpoints(TrainerCallback, ExportableState):
@@ -74,17 +76,6 @@ def _holds_only_checkpoint_files(path: str, own_checkpoint: str) -> bool:
     return set(os.listdir(path)) <= names | {f"{name}.partial" for name in names}  # atomic_save's temporaries
 
 
-@contextmanager
-def trainer_rotation_off(args):
-    """Hide ``save_total_limit`` from the Trainer's own rotation, which deletes any ``checkpoint-*``."""
-    limit = args.save_total_limit
-    args.save_total_limit = None
-    try:
-        yield
-    finally:
-        args.save_total_limit = limit
-
-
 def rotate(record: RunCheckpoints, run_dir: str, limit: int | None, protected: list[str | None]) -> None:
     """Delete the run's oldest checkpoints beyond ``limit``, never one of ``protected`` (the newest, the best)."""
     if limit is None or limit <= 0:
@@ -99,3 +90,30 @@ def rotate(record: RunCheckpoints, run_dir: str, limit: int | None, protected: l
             shutil.rmtree(folder(run_dir, step), ignore_errors=True)
             surplus -= 1
     record.steps = [s for s in own if os.path.isdir(folder(run_dir, s))]
+
+
+def save_rotating(trainer, trial, save: Callable[[], None]) -> None:
+    """``save()`` this step's checkpoint with the Trainer's own rotation off, then rotate among the run's own."""
+    record, run_dir, step = record_of(trainer), _compat.output_dir(trainer, trial), trainer.state.global_step
+    add(record, run_dir, step)
+    if trainer.accelerator.num_processes > 1:
+        # Every rank writes into the folder: the main one must see it as it was before the save.
+        trainer.accelerator.wait_for_everyone()
+    with _compat.save_total_limit_hidden(trainer.args):
+        save()
+    if trainer.args.should_save:
+        protected = [folder(run_dir, step), trainer.state.best_model_checkpoint]
+        rotate(record, run_dir, trainer.args.save_total_limit, protected)
+
+
+def best_model_loaded(trainer) -> None:
+    """After the Trainer loads the best model: with save_total_limit 1 it goes on to delete every checkpoint-*
+    folder but the best; delete only this run's, and hide the limit from it until `train_ended`."""
+    if trainer.args.should_save and trainer.args.save_total_limit == 1:
+        best = trainer.state.best_model_checkpoint
+        rotate(record_of(trainer), os.path.dirname(best), 1, [best])
+        _compat.hide_save_total_limit(trainer)
+
+
+def train_ended(trainer) -> None:
+    _compat.restore_save_total_limit(trainer)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ..losses import PerExampleLoss
+from . import distributed
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -45,7 +46,8 @@ class SelectionScorer:
         cls, loss_fn: PerExampleLoss, label_name: str, args, prepare_inputs: Callable[[dict], dict] | None = None
     ) -> SelectionScorer:
         """The scorer that a `SelectiveBackpropConfig`'s ``sb_selection_*`` flags describe; ``prepare_inputs``
-        is the Trainer's input preparation (``Trainer._prepare_inputs``), applied to the model's inputs."""
+        is the Trainer's input preparation (`hf_selective_backprop._compat.input_preparation`), applied to the model's
+        inputs."""
         return cls(
             loss_fn,
             label_name=label_name,
@@ -73,7 +75,7 @@ class SelectionScorer:
         with _without_training_autocast(model), autocast:
             yield
 
-    def _prepare_inputs(self, inputs: dict) -> dict:
+    def _prepared(self, inputs: dict) -> dict:
         inputs = self._rescale(inputs)
         # Last, as training inputs are prepared: DeepSpeed casts floating inputs to the model's dtype here.
         return self.prepare_inputs(inputs) if self.prepare_inputs is not None else inputs
@@ -99,7 +101,7 @@ class SelectionScorer:
         if self.label_name not in inputs:
             raise ValueError(f"selection needs a '{self.label_name}' column; the batch has {sorted(inputs)}")
         labels = inputs.pop(self.label_name)
-        inputs = self._prepare_inputs(inputs)
+        inputs = self._prepared(inputs)
         was_training = model.training
         model.train(self.mode == "train")
         try:
@@ -137,7 +139,7 @@ class SelectionScorer:
         """
         if self.scale == 1.0 and not self.channels_last:
             return
-        inputs = self._prepare_inputs({k: v for k, v in inputs.items() if k != self.label_name})
+        inputs = self._prepared({k: v for k, v in inputs.items() if k != self.label_name})
         was_training = model.training
         model.eval()
         try:
@@ -162,3 +164,20 @@ def _without_training_autocast(model: torch.nn.Module):
         yield
     finally:
         model.forward = patched
+
+
+def selection_model(wrapped: torch.nn.Module, accelerator, precision: str) -> torch.nn.Module:
+    """The model the selection forward runs: the training model without its DDP wrapper.
+
+    Under DDP a forward of the wrapper syncs buffers, a collective that ranks scoring different numbers of
+    rows would not match; the inner module (which keeps Accelerate's autocast patch) needs no collective.
+    With torch_compile the DDP wrapper sits inside the compiled one, so both are unwrapped
+    (keep_torch_compile=False: keeping it would re-point the compiled module at the inner one and take DDP
+    out of training too). A compiled model without a wrapper inside stays compiled, unless
+    --sb_selection_precision needs the eager module (SelectionScorer swaps its forward).
+    """
+    if distributed.fsdp_version(accelerator) is not None:
+        return wrapped  # FSDP2 shards the module in place: its forward gathers the weights, as training's does
+    inner = accelerator.unwrap_model(wrapped, keep_torch_compile=False)
+    compiled_alone = getattr(wrapped, "_orig_mod", None) is inner
+    return wrapped if compiled_alone and precision == "auto" else inner

@@ -1,0 +1,119 @@
+"""The Trainer's private surface stays in `_compat.py` and the hook overrides; the loss-scale rule matches upstream."""
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import transformers.trainer
+import transformers.training_args
+from tiny import TinyClassifier, make_config, make_dataset
+from transformers import Trainer, TrainingArguments
+
+from hf_selective_backprop import SelectiveBackpropTrainer, _compat
+
+PACKAGE = Path(_compat.__file__).resolve().parent
+#: The modules that may name the Trainer's private members: the hook overrides, and the compat module.
+ALLOWED = {"trainer.py", "_compat.py"}
+
+
+def _uses(names) -> dict[str, list[str]]:
+    """``{name: ["path:line", ...]}`` for each of ``names`` that a module of the package names (code or text)."""
+    pattern = re.compile(r"\b(" + "|".join(sorted(map(re.escape, names))) + r")\b")
+    found: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            for name in pattern.findall(line):
+                found.setdefault(name, []).append(f"{path.relative_to(PACKAGE)}:{number}")
+    return found
+
+
+def _trainer_private_names() -> set[str]:
+    """The private members of transformers' Trainer and TrainingArguments: their methods and class attributes,
+    and the attributes their code sets on ``self``."""
+    names = set()
+    for cls, module in ((Trainer, transformers.trainer), (TrainingArguments, transformers.training_args)):
+        names |= set(dir(cls))
+        names |= set(re.findall(r"self\.(_\w+)", inspect.getsource(module)))
+    return {name for name in names if name.startswith("_") and not name.startswith("__")}
+
+
+def test_the_listed_private_names_are_the_trainers():
+    assert _compat.TRAINER_PRIVATE_NAMES <= _trainer_private_names()
+    assert all(why and replacement for why, replacement in _compat.PRIVATE_SURFACE.values())
+
+
+def test_private_trainer_names_appear_only_in_the_hook_overrides_and_compat():
+    outside = {name: [where for where in places if where.split(":")[0] not in ALLOWED]
+               for name, places in _uses(_compat.TRAINER_PRIVATE_NAMES).items()}
+    outside = {name: places for name, places in outside.items() if places}
+    assert not outside, f"go through hf_selective_backprop._compat instead: {outside}"
+
+
+def test_every_private_trainer_name_the_package_uses_is_listed_in_compat():
+    unlisted = {name: places for name, places in _uses(_trainer_private_names()).items()
+                if name not in _compat.TRAINER_PRIVATE_NAMES}
+    assert not unlisted, f"list these in _compat.PRIVATE_SURFACE (why, public replacement) or rename them: {unlisted}"
+
+
+def _weighted_trainer(output_dir, **overrides):
+    return SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(16),
+                                    args=make_config(output_dir, sb_strategy="infobatch", **overrides))
+
+
+@pytest.mark.parametrize("average", [True, False])
+@pytest.mark.parametrize("accepts_loss_kwargs", [True, False])
+def test_the_loss_scale_rule_agrees_with_the_installed_trainer(output_dir, average, accepts_loss_kwargs):
+    trainer = _weighted_trainer(output_dir, average_tokens_across_devices=average)
+    trainer.model_accepts_loss_kwargs = accepts_loss_kwargs  # a causal LM's loss takes num_items_in_batch
+    _compat.TRAINER_LOSS_SCALE.check(trainer)
+    assert trainer.loss_scale_rule.factor(trainer, torch.tensor(3)) == 1  # one process
+    # The check sees the factor upstream applies on several processes: a rule without it is refused.
+    unscaled = _compat.LossScale("Trainer.compute_loss", lambda: Trainer.compute_loss, lambda trainer, items: 1)
+    if average and accepts_loss_kwargs:
+        with pytest.raises(RuntimeError, match=r"multiplies the loss by 6 on 6 processes .* expects 1"):
+            unscaled.check(trainer)
+    else:
+        unscaled.check(trainer)
+
+
+def test_an_upstream_that_scales_the_loss_otherwise_is_refused_at_construction(output_dir, monkeypatch):
+    compute_loss = Trainer.compute_loss
+
+    def scaled_twice(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        loss = compute_loss(self, model, inputs, return_outputs, num_items_in_batch)
+        return loss * self.accelerator.num_processes if num_items_in_batch is not None else loss
+
+    monkeypatch.setattr(Trainer, "compute_loss", scaled_twice)
+    with pytest.raises(RuntimeError, match="scales the loss differently.*would be mis-scaled"):
+        _weighted_trainer(output_dir)
+    # A strategy without loss weights never applies the factor, so it is not refused.
+    SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(16),
+                             args=make_config(output_dir, sb_strategy="sb"))
+
+
+def test_the_training_values_are_named_and_their_count_checked():
+    values = _compat.training_values((1, 2, 3, 4, 5, 6, 7))
+    assert (values.num_train_epochs, values.steps_in_epoch, values.max_steps) == (1, 6, 7)
+    with pytest.raises(RuntimeError, match="returned 8 values where hf_selective_backprop expects 7"):
+        _compat.training_values(tuple(range(8)))
+
+
+def test_the_sft_loss_scale_rule_agrees_with_the_installed_trl(output_dir):
+    pytest.importorskip("trl", reason="the SFT pair needs TRL")
+    from sft_data import language_modelling, sft_model, sft_tokenizer
+
+    from hf_selective_backprop import SelectiveBackpropSFTConfig, SelectiveBackpropSFTTrainer
+
+    tokenizer = sft_tokenizer()
+    args = SelectiveBackpropSFTConfig(output_dir, sb_strategy="infobatch", report_to=[], use_cpu=True, bf16=False,
+                                      max_length=32, dataset_num_proc=None, average_tokens_across_devices=True)
+    trainer = SelectiveBackpropSFTTrainer(model=sft_model(tokenizer), args=args, train_dataset=language_modelling(8),
+                                          processing_class=tokenizer)  # the construction ran the check
+    metrics = {mode: dict(values) for mode, values in trainer._metrics.items()}
+    _compat.SFT_LOSS_SCALE.check(trainer)
+    assert {mode: dict(values) for mode, values in trainer._metrics.items()} == metrics  # the probe logs nothing
+    unscaled = _compat.LossScale("SFTTrainer.compute_loss", _compat.SFT_LOSS_SCALE.upstream, lambda trainer, items: 1)
+    with pytest.raises(RuntimeError, match=r"multiplies the loss by 6 on 6 processes"):
+        unscaled.check(trainer)

@@ -9,7 +9,8 @@
 # so the runs can be spread over several sittings (one run per call where a call is limited to 10 minutes):
 #     SEEDS=0 STRATEGIES=traditional bash benchmarks/run_gpu_cifar10.sh
 # Each run is meant to finish within 10 minutes on one H100-class GPU (30 epochs of Traditional are
-# 1.5 million examples); that is an estimate: nothing has run on a GPU yet. EPOCHS lowers the length.
+# 1.5 million examples); that is an estimate: this script's runs have not been timed on a GPU (the label-noise
+# benchmark, run_noisy.sh, ran on an H200: docs/benchmarks.md). EPOCHS lowers the length.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

@@ -396,6 +396,34 @@ class SelectiveBackpropConfig(SelectiveBackpropArguments, TrainingArguments):
     """Training arguments for `SelectiveBackpropTrainer`: `TrainingArguments` plus the `sb_*` flags."""
 
 
+#: TRL's trainers whose batches hold one example per row, as selection needs; the rest of TRL's are refused.
+SUPPORTED_TRL_TRAINERS = ("SFTTrainer", "_BaseTrainer")
+
+
+def refuse_unsupported_trainer(trainer_class: type, args, kwargs: dict) -> None:
+    """The mixin on one of TRL's preference or online trainers, refused before that trainer prepares its data.
+
+    Their examples are not rows with a loss of their own: DPO, CPO, ORPO and reward modelling batch each
+    example as a chosen and a rejected sequence (concatenated rows whose loss is defined only together, DPO's
+    also against a reference model), KTO's loss is relative to a batch-level reference point, and GRPO, RLOO
+    and online DPO generate their completions inside the step. A per-pair loss is well defined for the paired
+    ones, but keeping or dropping pairs would need the queue to keep two rows together and the selection
+    forward to run the trainer's own pair loss; neither is built.
+    """
+    given = kwargs.get("args", next((a for a in args if isinstance(a, SelectiveBackpropArguments)), None))
+    if getattr(given, "sb_strategy", "none") == "none":
+        return
+    unsupported = next((cls for cls in trainer_class.__mro__ if cls.__module__.split(".")[0] == "trl"
+                        and cls.__name__ not in SUPPORTED_TRL_TRAINERS), None)
+    if unsupported is not None:
+        raise ValueError(
+            f"selection (--sb_strategy {given.sb_strategy}) on TRL's {unsupported.__name__} is not supported: its "
+            "batches hold paired (chosen/rejected) sequences or completions generated in the step, not examples "
+            "with a loss of their own that selection could keep or drop one by one. Supported: transformers' "
+            "Trainer and Seq2SeqTrainer, and TRL's SFTTrainer; or train with --sb_strategy none"
+        )
+
+
 def check_trainer_arguments(trainer, per_example_loss_func) -> None:
     """What a selective trainer refuses among its own arguments, before it builds anything."""
     if not isinstance(trainer.args, SelectiveBackpropArguments):

@@ -19,7 +19,7 @@ from transformers import Trainer
 from transformers.trainer_utils import has_length
 
 from . import _compat, parallelism
-from .config import check_trainer_arguments
+from .config import check_trainer_arguments, refuse_unsupported_trainer
 from .engine import SelectionEngine, checkpointing, distributed, reference, rotation, run_record, streams
 from .engine.accounting import STATS_FILE, TIMINGS, finish_run, run_summary
 from .engine.callback import SelectionFlowCallback
@@ -67,6 +67,7 @@ class SelectiveBackpropMixin:
     _step_extras: tuple | None = None
 
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
+        refuse_unsupported_trainer(type(self), args, kwargs)  # before the trainer prepares its data
         super().__init__(*args, **kwargs)
         check_trainer_arguments(self, per_example_loss_func)
         self.label_name = self.label_names[0] if self.label_names else "labels"

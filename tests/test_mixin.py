@@ -87,3 +87,19 @@ def test_the_package_and_its_other_pairs_import_without_trl():
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("trainer_name", ["DPOTrainer", "RewardTrainer", "GRPOTrainer"])
+def test_the_mixin_on_a_preference_or_online_trainer_is_refused_before_it_prepares_data(tmp_path, trainer_name):
+    trl = pytest.importorskip("trl", reason="TRL's trainers: pip install '.[trl]'")
+    base = getattr(trl, trainer_name)
+    config_class = getattr(trl, trainer_name.replace("Trainer", "Config"))
+    args_class = dataclass(type("PairedConfig", (SelectiveBackpropArguments, config_class), {}))
+
+    class Selective(SelectiveBackpropMixin, base):
+        pass
+
+    args = args_class(output_dir=str(tmp_path), use_cpu=True, report_to="none", sb_strategy="sb")
+    # No data at all: the refusal comes first, before the trainer would tokenize pairs or load a reward model.
+    with pytest.raises(ValueError, match=rf"TRL's {trainer_name} is not supported: its batches hold paired"):
+        Selective(model=TinyClassifier(), args=args)

@@ -127,13 +127,14 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
         sequences = sum(len(lengths) for lengths in dataset["seq_lengths"])
         return max(round(batch * sequences / len(dataset)), 1)
 
-    def _build_engine(self):
-        engine = super()._build_engine()
-        if self._packs_sequences:
-            collator = self.data_collator
-            engine.scorer = PackedScorer(engine.scorer, collator.pad_token_id, collator.pad_to_multiple_of)
-            engine.batch_size = self.sequences_per_micro_batch()
-        return engine
+    def _selection_scorer(self):
+        scorer = super()._selection_scorer()
+        if not self._packs_sequences:
+            return scorer
+        return PackedScorer(scorer, self.data_collator.pad_token_id, self.data_collator.pad_to_multiple_of)
+
+    def _micro_batch_rows(self) -> int:
+        return self.sequences_per_micro_batch() if self._packs_sequences else super()._micro_batch_rows()
 
     def _check_automatic_loss(self) -> None:
         if not self._packs_sequences:

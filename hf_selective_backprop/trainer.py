@@ -20,8 +20,8 @@ from transformers.trainer_utils import has_length
 
 from . import _compat, parallelism
 from .config import check_trainer_arguments, refuse_unsupported_trainer
-from .engine import SelectionEngine, checkpointing, distributed, reference, rotation, run_record, streams
-from .engine.accounting import STATS_FILE, TIMINGS, finish_run, run_summary
+from .engine import SelectionEngine, reference, rotation, run_record, state_files, streams
+from .engine.accounting import STATS_FILE, WALL_CLOCK_FIGURES, finish_run, run_summary
 from .engine.callback import SelectionFlowCallback
 from .engine.checkpoints import require_complete_checkpoint, require_resumable
 from .engine.data_state import DataState, stateful_sources
@@ -29,7 +29,7 @@ from .engine.engine import WEIGHT_KEY, check_rows
 from .engine.epoch_plan import planned_sampler
 from .engine.indexing import keeping_ids, prepare_training_dataset
 from .engine.padding import queue_padding
-from .engine.plan import TrainingPlan
+from .engine.run_length import RunLength
 from .engine.scoring import SelectionScorer, selection_model
 from .losses import check_per_example_loss, model_task, per_example_loss_for, weighted_loss
 from .lr_schedule import schedule_for
@@ -132,19 +132,24 @@ class SelectiveBackpropMixin:
 
     def _build_engine(self) -> SelectionEngine:
         """Fresh selection state: at construction and at each (auto_find_batch_size) restart."""
-        args = self.args
-        # The Trainer's own input preparation (device, DeepSpeed's cast to the model's dtype) for selection too.
-        scorer = SelectionScorer.from_args(
-            self.per_example_loss_func, self.label_name, args, prepare_inputs=_compat.input_preparation(self)
-        )
-        self.selector = build_selector(args)
+        self.selector = build_selector(self.args)
         # Text rows from different selection batches have different lengths: re-pad each micro-batch.
         task = model_task(self.accelerator.unwrap_model(self.model))
         padding = self._queue_padding(task != "classification", task == "seq2seq-lm")
         return self.engine_class(
-            args, self.selector, scorer, self.accelerator, _compat.train_batch_size(self), self._selection_batch_size(),
-            padding=padding,
+            self.args, self.selector, self._selection_scorer(), self.accelerator, self._micro_batch_rows(),
+            self._selection_batch_size(), padding=padding,
         )
+
+    def _selection_scorer(self) -> SelectionScorer:
+        # The Trainer's own input preparation (device, DeepSpeed's cast to the model's dtype) for selection too.
+        return SelectionScorer.from_args(
+            self.per_example_loss_func, self.label_name, self.args, prepare_inputs=_compat.input_preparation(self)
+        )
+
+    def _micro_batch_rows(self) -> int:
+        """Rows of one training micro-batch, as the engine assembles it from the kept rows."""
+        return _compat.train_batch_size(self)
 
     def _queue_padding(self, token_labels: bool, encoder_decoder: bool) -> dict:
         """How the queue pads text rows again: as the data collator padded them."""
@@ -203,13 +208,13 @@ class SelectiveBackpropMixin:
         if self.selector is None:
             return values
         values = _compat.training_values(values)
-        self._plan = TrainingPlan.for_run(
+        self._run_length = RunLength.for_run(
             args, self.selector.expected_keep_fraction(), dataloader, values.num_examples,
             self.accelerator.num_processes, _compat.train_batch_size(self), self._selection_batch_size(),
         )
-        self.engine.epoch_based = has_length(dataloader) and args.max_steps <= 0
+        self.engine.set_run_length(epoch_based=has_length(dataloader) and args.max_steps <= 0)
         if has_length(dataloader):  # a stream keeps the Trainer's values: it is step-based
-            values = self._plan.loop_values(values, args, self.engine.epoch_based)
+            values = self._run_length.loop_values(values, args, self.engine.epoch_based)
         self._expected_steps = values.max_steps
         return values
 
@@ -232,9 +237,9 @@ class SelectiveBackpropMixin:
             self.engine = self._build_engine()
             self._train_start = time.perf_counter()
             if self._reference is not None:
-                self.engine.irreducible = self._reference.irreducible_losses(
+                self.engine.use_irreducible(self._reference.irreducible_losses(
                     self, self.engine.stats, resuming=resume_from_checkpoint is not None
-                )
+                ))
         return super()._inner_training_loop(batch_size, args, resume_from_checkpoint, *rest, **kwargs)
 
     def _init_training_state(self, max_steps, steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial):
@@ -246,7 +251,7 @@ class SelectiveBackpropMixin:
         rotation.restore(rotation.record_of(self), self.state, resume_from_checkpoint, self.args.output_dir)
         if resume_from_checkpoint is None:
             return epochs_trained, skipped
-        checkpointing.load(self.engine, resume_from_checkpoint, self.args.ignore_data_skip)
+        state_files.load(self.engine, resume_from_checkpoint, self.args.ignore_data_skip)
         # The Trainer's skip counts batches as a fixed multiple of optimizer steps, which selection
         # breaks; the engine's sampler skips the rows already read instead (without loading them).
         return self.engine.epoch, 0
@@ -255,22 +260,13 @@ class SelectiveBackpropMixin:
         if self.selector is None:
             return super().get_batch_samples(epoch_iterator, num_batches, device)
         engine = self.engine
-        if engine.saved_model_buffers is not None:
-            checkpointing.restore_model_buffers(engine, self.accelerator.unwrap_model(self.model_wrapped))
+        engine.restore_model_buffers(self.accelerator.unwrap_model(self.model_wrapped))
         selecting = engine.selection_on(self.state.global_step, self.training_progress(), self.state.max_steps)
-        model = self._selection_model()
-        while not engine.ready():
-            if engine.read_all_asked():  # not one selection batch more than the fraction
-                self.control.should_training_stop = True
-                return [], None
-            batch = engine.read(epoch_iterator)
-            if not distributed.all_true(self.accelerator, batch is not None):
-                engine.end_epoch()
-                self.control.should_epoch_stop = True
-                return [], None
-            if not engine.inputs_checked:
-                engine.check_inputs(batch, model)
-            engine.add_batch(batch, selecting, model)
+        ended = engine.fill_step(epoch_iterator, selecting, self._selection_model())
+        if ended is not None:
+            self.control.should_training_stop |= ended == "run"
+            self.control.should_epoch_stop |= ended == "epoch"
+            return [], None
         micro_batches = engine.next_step(device)
         return micro_batches, _compat.num_items_in_batch(self, micro_batches, device)
 
@@ -351,7 +347,7 @@ class SelectiveBackpropMixin:
         if self.selector is not None and ("loss" in logs or "train_runtime" in logs):
             # Counters only: wall-clock figures differ between a resumed and an uninterrupted run, so
             # they are in train()'s metrics and sb_stats.json, not in the log history.
-            summary = {k: v for k, v in self.selection_summary().items() if k not in TIMINGS}
+            summary = {k: v for k, v in self.selection_summary().items() if k not in WALL_CLOCK_FIGURES}
             logs = {**logs, **{f"sb/{k}": v for k, v in summary.items()}}
         super().log(logs, start_time)
 
@@ -390,7 +386,7 @@ class SelectiveBackpropMixin:
             return super()._save_checkpoint(model, trial)
         folder = rotation.folder(_compat.output_dir(self, trial), self.state.global_step)
         trainer_files = partial(super()._save_checkpoint, model, trial)
-        save = partial(checkpointing.save_before_trainer, self, model, folder, trainer_files)
+        save = partial(state_files.save_before_trainer, self, model, folder, trainer_files)
         # The Trainer's rotation would delete every checkpoint-* folder of output_dir, a previous run's or a
         # user's included: rotate among this run's own instead (hf_selective_backprop.engine.rotation).
         rotation.save_rotating(self, trial, save)

@@ -113,7 +113,7 @@ def main() -> None:
     scored = torch.zeros(200, dtype=torch.bool)
     scored[150:] = True
     copies[150:] = 0
-    engine.plan = EpochPlan(copies, scored, None)
+    engine.epoch_plan = EpochPlan(copies, scored, None)
     for step in range(2):
         ids = torch.arange(150 + ROWS * step, 150 + ROWS * (step + 1)) if rank == 0 else torch.arange(
             40 + ROWS * step, 40 + ROWS * (step + 1))

@@ -127,7 +127,7 @@ def test_a_planned_batch_waits_once_for_its_ids(output_dir, counted):
     trainer = trainer_for(output_dir, sb_strategy="infobatch")
     engine = trainer.engine
     # InfoBatch's plan: every loaded example trains, with a loss weight.
-    engine.plan = EpochPlan(copies=torch.ones(64, dtype=torch.int32), scored=torch.zeros(64, dtype=torch.bool),
+    engine.epoch_plan = EpochPlan(copies=torch.ones(64, dtype=torch.int32), scored=torch.zeros(64, dtype=torch.bool),
                             weights=torch.full((64,), 2.0))
     engine.add_batch(selection_batch(trainer), True, trainer.model)
     assert counted == ["to host: cpu"]
@@ -138,7 +138,7 @@ def test_a_stale_plan_scoring_new_examples_waits_twice(output_dir, counted):
     trainer = trainer_for(output_dir, sb_strategy="sb", sb_staleness=2)
     engine = trainer.engine
     known = torch.arange(64) % 2 == 0  # odd ids have no stored loss: they are scored
-    engine.plan = EpochPlan(copies=known.to(torch.int32), scored=~known)
+    engine.epoch_plan = EpochPlan(copies=known.to(torch.int32), scored=~known)
     engine.add_batch(selection_batch(trainer), True, trainer.model)
     assert counted == ["to host: cpu"] * 2  # the ids, then the scored rows' ids and losses
     assert engine.stats.selection_forwards == 8

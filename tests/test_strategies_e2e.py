@@ -42,9 +42,9 @@ class RecordingTrainer(SelectiveBackpropTrainer):
         engine = super()._build_engine()
         score = engine._score
 
-        def recording_score(batch, ids, model):
+        def recording_score(batch, ids, model, *rest, **kwargs):
             self.scored.append(len(ids))
-            return score(batch, ids, model)
+            return score(batch, ids, model, *rest, **kwargs)
 
         engine._score = recording_score
         return engine

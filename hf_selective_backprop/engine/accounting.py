@@ -36,7 +36,7 @@ TIMERS = (
     "reference_seconds",
 )
 #: Summary figures that are wall-clock times (or shares of them): they differ from run to run.
-TIMINGS = (*TIMERS, "train_seconds", "training_seconds", "selection_overhead_share")
+WALL_CLOCK_FIGURES = (*TIMERS, "train_seconds", "training_seconds", "selection_overhead_share")
 
 
 @dataclass

@@ -1,11 +1,15 @@
-"""The few collectives that keep ranks in lockstep. Each is a no-op on one process."""
+"""The few collectives that keep ranks in lockstep. Each is a no-op on one process.
+
+They go through Accelerate's (``Accelerator.reduce``, ``Accelerator.gather``, ``broadcast_object_list``), except
+the ragged gather of `gather_pairs`, which needs each rank's row count to drop the padding:
+``Accelerator.pad_across_processes`` would gather the counts once to pad and the caller a second time.
+"""
 
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from accelerate import Accelerator
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, broadcast_object_list
 
 from .transfer import to_device, to_host
 
@@ -33,9 +37,8 @@ def all_true(accelerator: Accelerator, flag: bool) -> bool:
     if accelerator.num_processes == 1:
         return flag
     # Filled on the device: a tensor made from host data would be one more blocking copy.
-    value = torch.full((1,), int(flag), device=accelerator.device)
-    dist.all_reduce(value, op=dist.ReduceOp.MIN)
-    return bool(value.item())
+    dissenting = accelerator.reduce(torch.full((1,), int(not flag), device=accelerator.device), reduction="sum")
+    return int(dissenting.item()) == 0
 
 
 def gather_pairs(accelerator: Accelerator, ids: torch.Tensor, losses: torch.Tensor):
@@ -66,14 +69,11 @@ def sum_over_processes(accelerator: Accelerator, values: dict[str, float]) -> di
         return dict(values)
     keys = sorted(values)
     tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=accelerator.device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return dict(zip(keys, tensor.tolist(), strict=True))
+    return dict(zip(keys, accelerator.reduce(tensor, reduction="sum").tolist(), strict=True))
 
 
 def broadcast_object(accelerator: Accelerator, obj):
     """The main process's ``obj`` on every rank (picklable; CPU tensors inside stay on the CPU)."""
     if accelerator.num_processes == 1:
         return obj
-    holder = [obj]
-    dist.broadcast_object_list(holder, src=0)
-    return holder[0]
+    return broadcast_object_list([obj], from_process=0)[0]

@@ -9,7 +9,7 @@ Data flows one way through it (docs/architecture.md):
     observe       -> training-forward losses refresh the per-example store
     end_epoch
 
-``state_dict``-style saving and loading live in `checkpointing`.
+Its state goes into checkpoints through ``state_dict`` / ``load_state_dict`` (files: `state_files`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from transformers.trainer_utils import has_length
 
 from ..selectors import Selector
 from . import distributed, streams, transfer
-from .accounting import SelectionStats
+from .accounting import COUNTERS, TIMERS, SelectionStats
 from .data_state import DataState
 from .epoch_plan import EpochPlan, PlannedSampler, stale_plan
 from .queue import BatchQueue
@@ -64,7 +64,7 @@ class SelectionEngine:
         self.forwards_in_lockstep = forwards_in_lockstep
         self.queue = BatchQueue(**(padding or {}))
         self.store = LossStore()
-        #: Irreducible loss per example id ('rholoss'): set by the trainer before training or from a checkpoint.
+        #: Irreducible loss per example id ('rholoss'): given before training (use_irreducible) or restored.
         self.irreducible: IrreducibleLosses | None = None
         self.stats = SelectionStats()
         if args.sb_sync_timers and accelerator.device.type != "cpu":
@@ -74,20 +74,20 @@ class SelectionEngine:
         self.dataloader = None
         self.data_state = DataState({})
         self.run: dict | None = None  # what the run is (run_record.describe): saved with checkpoints
-        self.saved_model_buffers: dict | None = None  # this process's, from the resumed checkpoint (checkpointing)
-        self.plan: EpochPlan | None = None
+        self.saved_model_buffers: dict | None = None  # this process's, from the resumed checkpoint
+        self.epoch_plan: EpochPlan | None = None
         #: A stream's epoch, which cannot be planned: what the strategy's plan_rows needs (InfoBatch: a mean).
         self.stream_rule: float | None = None
         self.resumed_stream_rule: float | None = None  # the resumed epoch's, from the checkpoint
         self.progress_now = 0.0  # the run's share done, as of the latest selection_on
         self.epoch = 0
-        self.consumed = 0  # selection batches of the epoch read by this process (skipped ones included)
+        self.batches_read = 0  # selection batches of the epoch read by this process (skipped ones included)
         self.batches_in_epoch = 1
         self.resumed_position: tuple[int, EpochPlan | None, int] | None = None  # epoch, plan, rows to skip
         self.epoch_started = False  # begin_epoch ran for self.epoch (its plan, if any, is made)
         self.unread_skips = 0
         self.loader_seeded_before_checkpoint = False  # see read()
-        self.epoch_based = True  # set by the trainer: epoch-based runs end with their data, others by steps
+        self.epoch_based = True  # epoch-based runs end with their data, others by steps (set_run_length)
         self.steps_in_epoch = 0
         self.epoch_without_step = False
         self.inputs_checked = False
@@ -114,6 +114,100 @@ class SelectionEngine:
             # larger id shows up (~2.7x its final size at peak, docs/reliability.md).
             self.store = LossStore(int(ids.max()) + 1)
 
+    def set_run_length(self, epoch_based: bool) -> None:
+        """Whether the run ends when its data does (epoch-based) or after a number of steps."""
+        self.epoch_based = epoch_based
+
+    def use_irreducible(self, table: IrreducibleLosses | None) -> None:
+        """The irreducible losses 'rholoss' subtracts (None when resuming: the checkpoint holds them)."""
+        if table is not None:
+            self.irreducible = table
+
+    # ---- state -------------------------------------------------------------------------------
+
+    def state_dict(self, model: torch.nn.Module | None = None) -> dict:
+        """``{"shared": ..., "rank": ...}``: what every process holds alike (the strategy, store, epoch, plan and
+        position, the run's record; saved once) and what this process owns (generator, queue, counters,
+        strategy, data pipeline state and, with several processes, ``model``'s buffers)."""
+        shared = {
+            "selector": self.selector.state_dict(),
+            "store": self.store.state_dict(),
+            "epoch": self.epoch,
+            "consumed": self.batches_read,
+            "rows_per_batch": self.selection_batch_size,
+            # Made at the epoch's start from the store of then: once the epoch has begun it cannot be redrawn.
+            "epoch_started": self.epoch_started,
+            "plan": None if self.epoch_plan is None else self.epoch_plan.state_dict(),
+            # A stream's epoch rule (InfoBatch's mean), made from the store at the epoch's start, likewise.
+            "stream_rule": self.stream_rule,
+            "world_size": self.accelerator.num_processes,
+            "run": self.run,
+            # Scored once before training ('rholoss'): a resumed run must not score it again.
+            "irreducible": None if self.irreducible is None else self.irreducible.state_dict(),
+        }
+        rank = {
+            "generator": self.generator.get_state(),
+            "queue": self.queue.state_dict(),
+            "stats": self.stats.state_dict(),
+            # Per rank too: a 'local' history scope (or kath18's running tau) differs between ranks.
+            "selector": self.selector.state_dict(),
+            "data": self.data_state.state_dict(),
+        }
+        if model is not None and self.accelerator.num_processes > 1:
+            rank["model_buffers"] = model_buffers(model)
+        return {"shared": shared, "rank": rank}
+
+    def load_state_dict(self, state: dict, ignore_data_skip: bool = False) -> list[int]:
+        """Restore ``{"shared": ..., "ranks": {saved rank: its state}}``; the resumed epoch then skips, unloaded,
+        the rows already read (all of them re-read with ``ignore_data_skip``).
+
+        With as many processes as saved, ``ranks`` holds this process's own state. With another number, it
+        holds those of saved ranks r, r + world, ... (this rank r takes over their queued rows and counters, and
+        continues saved rank r's generator, strategy and data pipeline). Returns the saved ranks taken over.
+        """
+        shared = state["shared"]
+        self.selector.load_state_dict(shared["selector"])
+        self.store.load_state_dict(shared["store"])
+        if shared.get("irreducible") is not None:
+            self.irreducible = IrreducibleLosses.from_state_dict(shared["irreducible"])
+        self.epoch = shared["epoch"]
+        plan = None if shared["plan"] is None else EpochPlan.from_state_dict(shared["plan"])
+        # Rows of the epoch's (planned) order that all processes together had read.
+        read = shared["consumed"] * shared["world_size"] * shared["rows_per_batch"]
+        if shared["epoch_started"]:
+            self.resumed_position = (shared["epoch"], plan, 0 if ignore_data_skip else read)
+            self.resumed_stream_rule = shared.get("stream_rule")
+        ranks = state["ranks"]
+        self.queue.clear()
+        for saved in ranks.values():
+            # Saved rows are on the CPU; new rows arrive on the device, and a popped batch may join both.
+            self.queue.push({key: value.to(self.args.device) for key, value in saved["queue"]["rows"].items()})
+        own = ranks.get(self.args.process_index)
+        if own is not None:
+            self.generator.set_state(own["generator"])
+            self.selector.load_state_dict(own["selector"])
+            self.data_state.load_state_dict(own.get("data"))
+            self.saved_model_buffers = own.get("model_buffers")
+        if shared["world_size"] == self.accelerator.num_processes:
+            self.stats.load_state_dict(own["stats"])
+        elif ranks:
+            self.stats.load_state_dict(merged_stats([saved["stats"] for saved in ranks.values()]))
+        return sorted(ranks)
+
+    def restore_model_buffers(self, model: torch.nn.Module) -> None:
+        """Put the buffers this process saved back into ``model`` (the unwrapped model), once after a resume.
+
+        Called after the model is wrapped: wrapping it in DDP copies rank 0's buffers to every rank.
+        """
+        saved, self.saved_model_buffers = self.saved_model_buffers, None
+        if not saved:
+            return
+        buffers = dict(model.named_buffers())
+        with torch.no_grad():
+            for name, value in saved.items():
+                if name in buffers:
+                    buffers[name].copy_(value)
+
     # ---- epochs ------------------------------------------------------------------------------
 
     def is_stale_epoch(self, epoch: int) -> bool:
@@ -135,14 +229,14 @@ class SelectionEngine:
         skip_rows = 0
         resumed = self.resumed_position is not None and self.resumed_position[0] == epoch
         if resumed:
-            _, self.plan, skip_rows = self.resumed_position
+            _, self.epoch_plan, skip_rows = self.resumed_position
             self.loader_seeded_before_checkpoint = skip_rows > 0
         elif self.sampler is None or self.sampler.ids_by_position is None:
-            self.plan = None
+            self.epoch_plan = None
         elif not self._whole_epoch_selects(epoch, num_epochs, epoch_based):
-            self.plan = None
+            self.epoch_plan = None
         else:
-            self.plan = self._broadcast(self._make_plan(epoch) if self.accelerator.is_main_process else None)
+            self.epoch_plan = self._broadcast(self._make_plan(epoch) if self.accelerator.is_main_process else None)
         # A stream cannot be planned: its batches are decided from their stored losses by a rule made from the
         # store at the epoch's start (a resumed epoch's comes from the checkpoint: the store has changed since).
         if resumed:
@@ -153,13 +247,13 @@ class SelectionEngine:
             self.stream_rule = None
         self.resumed_position = self.resumed_stream_rule = None
         rows_per_batch = self.selection_batch_size * self.accelerator.num_processes
-        self.consumed = skip_rows // rows_per_batch
+        self.batches_read = skip_rows // rows_per_batch
         if self.sampler is not None:
-            self.sampler.plan, self.sampler.skip = self.plan, skip_rows
+            self.sampler.epoch_plan, self.sampler.skip = self.epoch_plan, skip_rows
         else:
-            self.unread_skips = self.consumed  # a stream cannot skip rows without reading them
+            self.unread_skips = self.batches_read  # a stream cannot skip rows without reading them
         if self.dataloader is not None and has_length(self.dataloader):
-            self.batches_in_epoch = max(len(self.dataloader) + self.consumed, 1)
+            self.batches_in_epoch = max(len(self.dataloader) + self.batches_read, 1)
         else:
             self.batches_in_epoch = sys.maxsize  # a stream: an epoch of unknown length
 
@@ -211,8 +305,8 @@ class SelectionEngine:
         self.epoch_without_step = self.steps_in_epoch == 0
         self.epoch += 1
         self.epoch_started = False
-        self.plan = None
-        self.consumed = 0
+        self.epoch_plan = None
+        self.batches_read = 0
         self.steps_in_epoch = 0
         self._epoch_scored = self._epoch_nonfinite = 0
 
@@ -221,7 +315,7 @@ class SelectionEngine:
 
         Such rows are never kept, so nothing is trained; a step-based run would read epochs forever.
         """
-        planned = self.plan is not None and bool(self.plan.copies.any())
+        planned = self.epoch_plan is not None and bool(self.epoch_plan.copies.any())
         stuck = not planned and self._epoch_scored > 0 and self._epoch_nonfinite == self._epoch_scored
         if distributed.all_true(self.accelerator, not stuck):
             return
@@ -235,11 +329,11 @@ class SelectionEngine:
     def read_all_asked(self) -> bool:
         """True once an epoch-based run has read the share of its last epoch that a fractional
         num_train_epochs asks for (a whole last epoch ends by running out of data instead)."""
-        unfinished = self.consumed < self.batches_in_epoch
+        unfinished = self.batches_read < self.batches_in_epoch
         return self.epoch_based and unfinished and self.epochs_read() >= self.args.num_train_epochs
 
     def epochs_read(self) -> float:
-        return self.epoch + self.consumed / self.batches_in_epoch
+        return self.epoch + self.batches_read / self.batches_in_epoch
 
     def progress(self, global_step: int, max_steps: int) -> float:
         """Fraction of the run done: data read (epoch-based runs) or optimizer steps."""
@@ -261,6 +355,22 @@ class SelectionEngine:
         """True on every process once each holds a full optimizer step (a collective)."""
         rows_per_step = self.batch_size * self.args.gradient_accumulation_steps
         return distributed.all_true(self.accelerator, len(self.queue) >= rows_per_step)
+
+    def fill_step(self, epoch_iterator, selecting: bool, model: torch.nn.Module) -> str | None:
+        """Read and select selection batches until every process holds a full optimizer step (None), or until
+        "epoch" (the epoch's data ran out, on some process) or "run" (an epoch-based run read the share of its
+        last epoch that a fractional num_train_epochs asks for) ends first. A collective."""
+        while not self.ready():
+            if self.read_all_asked():  # not one selection batch more than the fraction
+                return "run"
+            batch = self.read(epoch_iterator)
+            if not distributed.all_true(self.accelerator, batch is not None):
+                self.end_epoch()
+                return "epoch"
+            if not self.inputs_checked:
+                self.check_inputs(batch, model)
+            self.add_batch(batch, selecting, model)
+        return None
 
     def next_step(self, device) -> list[dict]:
         with self.stats.timer("selection_overhead_seconds"):
@@ -313,16 +423,16 @@ class SelectionEngine:
         The host waits for the device once per selection batch on one process: for the batch's ids in a
         planned epoch, else for its losses (docs/gpu.md counts the synchronisations).
         """
-        self.consumed += 1
+        self.batches_read += 1
         self.stats.examples_loaded += _batch_length(batch)
         host_ids = None
-        if selecting and self.plan is not None:
+        if selecting and self.epoch_plan is not None:
             (host_ids,) = transfer.to_host(batch[self.index_column])
-            decided = self.plan.is_decided(host_ids)
+            decided = self.epoch_plan.is_decided(host_ids)
             if bool(decided.any()):
                 self._push(self._planned_rows(batch, host_ids, decided))  # counted as seen when planned
             done = bool(decided.all())
-            if bool(self.plan.scored.any()):
+            if bool(self.epoch_plan.scored.any()):
                 # Scoring rows without a finite stored loss runs collectives, and ranks read different
                 # numbers of them: a rank with none joins them with no rows, unless no rank has any.
                 done = distributed.all_true(self.accelerator, done)
@@ -365,8 +475,8 @@ class SelectionEngine:
         positions = decided.nonzero().squeeze(1)
         device = _batch_device(batch)
         rows = _rows(batch, transfer.to_device(positions, device))
-        if self.plan.weights is not None:
-            rows[WEIGHT_KEY] = transfer.to_device(self.plan.weights[host_ids[positions]], device)
+        if self.epoch_plan.weights is not None:
+            rows[WEIGHT_KEY] = transfer.to_device(self.epoch_plan.weights[host_ids[positions]], device)
         return rows
 
     def _select(self, batch: dict, model: torch.nn.Module, host_ids: torch.Tensor | None, loaded: dict) -> None:
@@ -424,7 +534,7 @@ class SelectionEngine:
             return torch.zeros(size)
         ids = batch.get(self.index_column)  # None for a stream without ids (plain SB only)
         loaded = batch if loaded is None else loaded
-        if not self.is_stale_epoch(self.epoch) or self.plan is not None:
+        if not self.is_stale_epoch(self.epoch) or self.epoch_plan is not None:
             return self._score(batch, ids, model, loaded)
         if host_ids is None:
             (host_ids,) = transfer.to_host(ids)
@@ -471,6 +581,28 @@ class SelectionEngine:
             streams.check_id_bound(all_ids, self.stats.examples_loaded, self.index_column)
         self.store.update(all_ids, all_losses, self.epoch)
         return all_losses[mine]
+
+
+def model_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's saved buffers (BatchNorm running statistics, ...) as this process holds them.
+
+    DDP copies rank 0's buffers to the other ranks only at the start of a training forward; in
+    between, each rank's own training forward has updated its copy, and the selection forwards of
+    the next step use it. The Trainer's checkpoint holds rank 0's model only, so without these a
+    resumed rank scores its first selection batches with rank 0's statistics and selects other rows.
+    """
+    saved = model.state_dict().keys()
+    return {name: value.detach().cpu().clone() for name, value in model.named_buffers() if name in saved}
+
+
+def merged_stats(states: list[dict]) -> dict:
+    """Counters of several saved ranks taken over by one: summed; a step is taken by all ranks together, and
+    times are per process (the longest kept)."""
+    merged = {name: sum(state.get(name, 0) for state in states) for name in COUNTERS}
+    merged["optimizer_steps"] = max(state.get("optimizer_steps", 0) for state in states)
+    for name in TIMERS:
+        merged[name] = max(state.get(name, 0.0) for state in states)
+    return merged
 
 
 def check_rows(batch: dict) -> None:

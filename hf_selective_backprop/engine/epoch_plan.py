@@ -96,7 +96,7 @@ class PlannedSampler(Sampler[int]):
         self.base = base
         self.ids_by_position = ids_by_position
         self.rows_per_round = rows_per_round
-        self.plan: EpochPlan | None = None
+        self.epoch_plan: EpochPlan | None = None
         self.skip = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -109,17 +109,17 @@ class PlannedSampler(Sampler[int]):
         return math.ceil(rows / self.rows_per_round) * self.rows_per_round
 
     def __len__(self) -> int:
-        if self.plan is None:
+        if self.epoch_plan is None:
             rows = len(self.base)
         else:
-            rows = int(self.plan.loads(self.ids_by_position).sum())
+            rows = int(self.epoch_plan.loads(self.ids_by_position).sum())
         # A checkpoint taken after an epoch's last, partial batch counts it as a whole one: skip exceeds the rows.
         return max(self._padded(rows) - self.skip, 0)
 
     def __iter__(self):
         order = torch.as_tensor(list(self.base), dtype=torch.long)
-        if self.plan is not None:
-            order = order.repeat_interleave(self.plan.loads(self.ids_by_position[order]))
+        if self.epoch_plan is not None:
+            order = order.repeat_interleave(self.epoch_plan.loads(self.ids_by_position[order]))
         if len(order):
             order = order.repeat(math.ceil(self._padded(len(order)) / len(order)))[: self._padded(len(order))]
         skip, self.skip = self.skip, 0

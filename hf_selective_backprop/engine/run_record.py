@@ -5,7 +5,7 @@ the seeds (each epoch's order and its decisions made before loading are drawn fr
 training data (its size and a fingerprint) must match: the saved loss history, store, queue and
 position in the epoch belong to them, so a resume with others is refused before any step. Other
 training settings may change; one warning lists them. Another number of processes is handled,
-with its own warning, in `checkpointing`.
+with its own warning, in `state_files`.
 """
 
 from __future__ import annotations

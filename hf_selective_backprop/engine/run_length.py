@@ -10,7 +10,7 @@ from transformers.trainer_utils import has_length
 
 
 @dataclass(frozen=True)
-class TrainingPlan:
+class RunLength:
     """Sizes of a run in which an epoch is one pass of the data through selection.
 
     ``rows_per_epoch`` are the examples one process reads per epoch; a step trains
@@ -27,7 +27,7 @@ class TrainingPlan:
 
     @classmethod
     def for_run(cls, args, keep: float, dataloader, num_examples: int, num_processes: int, batch_size: int,
-                selection_batch_size: int) -> TrainingPlan:
+                selection_batch_size: int) -> RunLength:
         """The plan of a run over ``dataloader`` (selection batches per process).
 
         A stream (no length) is step-based: the Trainer demands max_steps, and an epoch is one pass of

@@ -14,7 +14,6 @@ prints one line and exits 0.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from hf_selective_backprop.benchmarks.gpu_report import run_section
 from hf_selective_backprop.benchmarks.settings import RunSettings
 from hf_selective_backprop.benchmarks.workloads import cifar10_workload
 
@@ -35,13 +35,8 @@ def main() -> int:
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--data", default="uoft-cs/cifar10", help="CIFAR-10 in the Hub's layout (a folder or Hub id)")
     options = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("gpu-check: no CUDA device on this machine (torch.cuda.is_available() is False); nothing to check.")
-        return 0
-    out = Path(options.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    result = {"precision": precision, "syncs": syncs}[options.section](options.data, out)
-    (out / f"{options.section}.json").write_text(json.dumps(result, indent=1, default=str))
+    section = {"precision": precision, "syncs": syncs}[options.section]
+    run_section(options.section, options.output_dir, lambda out: section(options.data, out))
     return 0
 
 

@@ -15,14 +15,13 @@ into its report, and prints the table. Without a CUDA device it prints one line 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 from hf_selective_backprop.benchmarks.cost_model import r_from_times
-from hf_selective_backprop.benchmarks.gpu_report import render_throughput, throughput_rows
+from hf_selective_backprop.benchmarks.gpu_report import render_throughput, run_section, throughput_rows
 from hf_selective_backprop.benchmarks.runner import run_strategy, write_log
 from hf_selective_backprop.benchmarks.settings import RunSettings
 from hf_selective_backprop.benchmarks.strategies import Strategy, build_strategy
@@ -39,14 +38,9 @@ def main() -> int:
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--data", default="uoft-cs/cifar10", help="CIFAR-10 in the Hub's layout (a folder or Hub id)")
     options = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("gpu-check: no CUDA device on this machine (torch.cuda.is_available() is False); nothing to check.")
-        return 0
-    out = Path(options.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    result = throughput(options.data, out)
-    (out / "throughput.json").write_text(json.dumps(result, indent=1, default=str))
-    print("\n".join(render_throughput(result)))
+    result = run_section("throughput", options.output_dir, lambda out: throughput(options.data, out))
+    if result is not None:
+        print("\n".join(render_throughput(result)))
     return 0
 
 

@@ -8,12 +8,28 @@ Reads and writes plain dicts (what each section's JSON holds); no torch. The sec
 
 from __future__ import annotations
 
+import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from .cost_model import ideal_speedup, phi_from_times
 
 SECTIONS = ("pytest", "precision", "syncs", "throughput")
+
+
+def run_section(name: str, output_dir: str, section) -> dict | None:
+    """Run one CUDA section of `make gpu-check`: ``section(out)`` returns its results, written to
+    OUT/<name>.json. Without a CUDA device it says so in one line and returns None (the check exits 0)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu-check: no CUDA device on this machine (torch.cuda.is_available() is False); nothing to check.")
+        return None
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    result = section(out)
+    (out / f"{name}.json").write_text(json.dumps(result, indent=1, default=str))
+    return result
 
 
 def pytest_results(xml: Path, exit_code: int, stdout: str) -> dict:

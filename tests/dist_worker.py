@@ -40,6 +40,7 @@ from text_tiny import NEGATIVE, POSITIVE, bert_config, word_tokenizer
 from tiny import TinyConv, make_image_dataset
 from torch import nn
 from transformers import BertForSequenceClassification, DataCollatorWithPadding, Trainer
+from worker_exit import exit_after_results
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
 from hf_selective_backprop.data import BatchTransform
@@ -333,10 +334,7 @@ def main() -> None:
         f"weights_sha256={digest[:16]}",
         flush=True,
     )
-    # Trainer leaves the process group up; a rank exiting with gloo's threads alive can abort
-    # ("terminate called without an active exception") after its work is done.
-    trainer.accelerator.wait_for_everyone()
-    trainer.accelerator.end_training()
+    exit_after_results()
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import nn
 from torch.distributed.fsdp import fully_shard
+from worker_exit import exit_after_results
 
 from hf_selective_backprop import SelectiveBackpropConfig
 from hf_selective_backprop.engine import SelectionEngine
@@ -126,8 +127,7 @@ def main() -> None:
     torch.save(result, os.path.join(args.out, f"rank{rank}.pt"))
     print(f"rank {rank}: lockstep_forwards={engine.stats.lockstep_forwards} "
           f"selection_forwards={engine.stats.selection_forwards}", flush=True)
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
+    exit_after_results()
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import sys
 
 import torch
 from sft_data import prompt_completion, sft_model, sft_tokenizer  # beside this file: the script's sys.path[0]
+from worker_exit import exit_after_results
 
 from hf_selective_backprop import SelectiveBackpropSFTConfig, SelectiveBackpropSFTTrainer
 
@@ -27,6 +28,7 @@ def main(out: str) -> None:
     weights = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()])
     result = {"global_step": trainer.state.global_step, "weights": weights, **trainer.sb_stats}
     torch.save(result, os.path.join(out, f"rank{trainer.args.process_index}.pt"))
+    exit_after_results()
 
 
 if __name__ == "__main__":

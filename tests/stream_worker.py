@@ -11,20 +11,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 import torch
 from datasets import load_dataset
 from datasets.distributed import split_dataset_by_node
+from tiny import TinyClassifier, make_config  # beside this file: the script's sys.path[0]
+from worker_exit import exit_after_results
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tiny import TinyClassifier, make_config  # noqa: E402
-
-from hf_selective_backprop import SelectiveBackpropTrainer  # noqa: E402
-from hf_selective_backprop.engine.checkpoints import STATE_FILE  # noqa: E402
-from hf_selective_backprop.trainer import WEIGHT_KEY  # noqa: E402
+from hf_selective_backprop import SelectiveBackpropTrainer
+from hf_selective_backprop.engine.checkpoints import STATE_FILE
+from hf_selective_backprop.trainer import WEIGHT_KEY
 
 torch.set_num_threads(1)
 
@@ -83,7 +79,7 @@ def main() -> None:
                 "weights": trainer.weights_seen,
             }
         torch.save(results, os.path.join(options.out, f"rank{trainer.args.process_index}.pt"))
-        return
+        exit_after_results()
     if options.mode == "first":
         trainer = run(options.data, options.out)
         run(options.data, partial, save_strategy="steps", save_steps=5)
@@ -97,6 +93,7 @@ def main() -> None:
         "step": trainer.state.global_step,
     }
     torch.save(result, os.path.join(options.out, f"rank{trainer.args.process_index}.pt"))
+    exit_after_results()
 
 
 if __name__ == "__main__":

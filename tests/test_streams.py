@@ -8,13 +8,12 @@ the rows as a shuffled stream: a step-based run reads it several times (each pas
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from datasets import load_dataset
+from launch import launch
 from tiny import TinyClassifier, make_config, make_dataset
 
 from hf_selective_backprop import SelectiveBackpropTrainer
@@ -179,13 +178,7 @@ def test_map_style_infobatch_still_needs_an_epoch_based_run(tmp_path):
 def _launch_stream_worker(tmp_path: Path, path: str, mode: str) -> list[dict]:
     out = tmp_path / mode
     out.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(ROOT / "tests" / "stream_worker.py"), "--data", path, "--out", str(out), "--mode", mode]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in range(2)]
+    return launch(out, ["--data", path, "--mode", mode], worker=ROOT / "tests" / "stream_worker.py")
 
 
 @pytest.mark.slow

@@ -9,13 +9,16 @@ so a hang fails the test instead of blocking the suite.
 
 from __future__ import annotations
 
+import glob
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
 from launch import ROOT, launch, run
+from torch.utils.cpp_extension import get_default_build_root
 
 pytestmark = pytest.mark.slow
 
@@ -30,6 +33,17 @@ STALE = ["--strategy", "sb", "--staleness", "2", "--loss", "id", "--epochs", "4"
 KATH18 = ["--strategy", "kath18", "--epochs", "2", "--examples", "135", "--batch", "4", "--drop-last"]
 RHOLOSS = ["--strategy", "rholoss", "--reference", "--keep", "0.5", "--epochs", "2", *ODD]
 RESUME_STEP = 5
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_build_lock_left():
+    """DeepSpeed loads its CPU op through torch's extension loader, which leaves the build folder's ``lock`` file
+    (torch 2.14 locks it with an advisory lock, but older releases wait on any such file forever): removed once
+    this module's launches are over, as make venv removes it after the build."""
+    yield
+    root = os.environ.get("TORCH_EXTENSIONS_DIR", get_default_build_root())
+    for lock in glob.glob(os.path.join(root, "**", "deepspeed_shm_comm", "lock"), recursive=True):
+        os.remove(lock)
 
 
 def _same_weights(a: dict, b: dict) -> bool:

@@ -18,17 +18,22 @@ DEEPSPEED_BUILD_DEPS := hjson ninja py-cpuinfo msgpack einops
 
 .PHONY: venv demo test test-oldest lint benchmark gpu-check
 
-# Every extra: the suite tests the workflows and the harness too (pyproject.toml says which extra is what).
-$(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+# One virtual environment: $(1) its folder, $(2) pins on top of the package's requirements. Every extra: the suite
+# tests the workflows and the harness too (pyproject.toml says which extra is what).
+define make_venv
+	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
 	# The exact PyTorch build is pinned here, not in the package's requirements.
-	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install --quiet $(DEEPSPEED_BUILD_DEPS)
-	$(PY) -m pip install --quiet --no-build-isolation deepspeed
-	$(PY) -m pip install --quiet -e ".[dev,vision,metrics,benchmarks,trl,deepspeed]"
-	$(PY) scripts/build_deepspeed_ops.py
-	touch $(STAMP)
+	$(1)/bin/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(1)/bin/python -m pip install --quiet $(DEEPSPEED_BUILD_DEPS)
+	$(1)/bin/python -m pip install --quiet --no-build-isolation deepspeed
+	$(1)/bin/python -m pip install --quiet -e ".[dev,vision,metrics,benchmarks,trl,deepspeed]" $(2)
+	$(1)/bin/python scripts/build_deepspeed_ops.py
+	touch $(1)/.installed
+endef
+
+$(STAMP): pyproject.toml
+	$(call make_venv,$(VENV),)
 
 venv: $(STAMP)
 
@@ -39,14 +44,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 $(OLDEST_STAMP): pyproject.toml
-	test -x $(OLDEST_PY) || $(PYTHON) -m venv $(OLDEST_VENV)
-	$(OLDEST_PY) -m pip install --quiet --upgrade pip
-	$(OLDEST_PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(OLDEST_PY) -m pip install --quiet $(DEEPSPEED_BUILD_DEPS)
-	$(OLDEST_PY) -m pip install --quiet --no-build-isolation deepspeed
-	$(OLDEST_PY) -m pip install --quiet -e ".[dev,vision,metrics,benchmarks,trl,deepspeed]" $(OLDEST_PINS)
-	$(OLDEST_PY) scripts/build_deepspeed_ops.py
-	touch $(OLDEST_STAMP)
+	$(call make_venv,$(OLDEST_VENV),$(OLDEST_PINS))
 
 test-oldest: $(OLDEST_STAMP)
 	$(OLDEST_PY) -m pytest -q

@@ -116,6 +116,10 @@ def check_id_bound(ids: torch.Tensor, rows_read: int, column: str) -> None:
         )
 
 
+#: Rows per Arrow batch when a pass reads only a stream's id and reference columns.
+READ_BATCH = 4096
+
+
 def column_pairs(dataset, column: str, index_column: str, accelerator) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, values) of ``column`` over one pass of a stream, reading only the two columns; a split stream's
     shares are gathered, so every rank holds every id's value."""
@@ -128,14 +132,17 @@ def column_pairs(dataset, column: str, index_column: str, accelerator) -> tuple[
             f"--sb_reference_column {column!r} needs a datasets stream (this one is {type(dataset).__name__}); "
             "pass --sb_reference_model instead"
         )
-    ids, values = [], []
-    for position, row in enumerate(dataset.select_columns([index_column, column])):
-        value = row[column]
-        if value is None:
+    ids, values, read = [], [], 0
+    # In Arrow batches, not row by row: the pass reads the whole stream.
+    for batch in dataset.select_columns([index_column, column]).iter(batch_size=READ_BATCH):
+        if None in batch[column]:
+            position = read + batch[column].index(None)
             raise ValueError(f"--sb_reference_column {column!r}: no value at row {position} of the stream")
-        ids.append(int(row[index_column]))
-        values.append(float(value))
-    ids, values = torch.tensor(ids, dtype=torch.int64), torch.tensor(values, dtype=torch.float32)
+        ids.append(torch.as_tensor(batch[index_column], dtype=torch.int64))
+        values.append(torch.as_tensor(batch[column], dtype=torch.float32))
+        read += len(batch[column])
+    ids = torch.cat(ids) if ids else torch.empty(0, dtype=torch.int64)
+    values = torch.cat(values) if values else torch.empty(0)
     bad = ~torch.isfinite(values)
     if bool(bad.any()):
         rows = bad.nonzero().squeeze(1)[:5].tolist()

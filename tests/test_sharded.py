@@ -128,5 +128,6 @@ def test_fsdp2_ranks_scoring_different_rows_stay_in_lockstep(tmp_path):
 def test_fsdp2_without_lockstep_forwards_fails(tmp_path):
     """The control: the same run with the engine's lockstep forwards off does not finish."""
     code, output = run(tmp_path, ["--no-lockstep"], worker=FSDP_WORKER, timeout=90)
-    assert code != 0, output[-2000:]
+    # It hangs, or gloo finds the ranks' all-gathers of different sizes; any other failure is not this one.
+    assert code is None or (code != 0 and "collective mismatch" in output), output[-2000:]
     assert not list(Path(tmp_path).glob("rank*.pt"))

@@ -404,7 +404,13 @@ class SelectiveBackpropConfig(SelectiveBackpropArguments, TrainingArguments):
 SUPPORTED_TRL_TRAINERS = ("SFTTrainer", "_BaseTrainer")
 
 
-def refuse_unsupported_trainer(trainer_class: type, args, kwargs: dict) -> None:
+def selective_arguments(args: tuple, kwargs: dict) -> SelectiveBackpropArguments | None:
+    """The `SelectiveBackpropArguments` among a trainer's constructor arguments, if any."""
+    given = kwargs.get("args", next((a for a in args if isinstance(a, SelectiveBackpropArguments)), None))
+    return given if isinstance(given, SelectiveBackpropArguments) else None
+
+
+def refuse_unsupported_trainer(trainer_class: type, given: SelectiveBackpropArguments | None) -> None:
     """The mixin on one of TRL's preference or online trainers, refused before that trainer prepares its data.
 
     Their examples are not rows with a loss of their own: DPO, CPO, ORPO and reward modelling batch each
@@ -414,7 +420,6 @@ def refuse_unsupported_trainer(trainer_class: type, args, kwargs: dict) -> None:
     ones, but keeping or dropping pairs would need the queue to keep two rows together and the selection
     forward to run the trainer's own pair loss; neither is built.
     """
-    given = kwargs.get("args", next((a for a in args if isinstance(a, SelectiveBackpropArguments)), None))
     if getattr(given, "sb_strategy", "none") == "none":
         return
     unsupported = next((cls for cls in trainer_class.__mro__ if cls.__module__.split(".")[0] == "trl"

@@ -101,9 +101,12 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
         if args is not None and not isinstance(args, SelectiveBackpropSFTConfig):
             raise TypeError(f"{type(self).__name__} needs args of type SelectiveBackpropSFTConfig (SFTConfig with the "
                             f"sb_* fields), got {type(args).__name__}")
-        if args is not None and args.sb_strategy != "none" and packs_sequences(args):
-            _refuse_on_packed_sequences(args, kwargs.get("per_example_loss_func"))
         super().__init__(model, args, *rest, **kwargs)
+
+    def _refuse_before_data(self, args, selector, per_example_loss_func) -> None:
+        super()._refuse_before_data(args, selector, per_example_loss_func)
+        if selector is not None and packs_sequences(args):
+            _refuse_on_packed_sequences(args, selector, per_example_loss_func)
 
     # ---- packed (padding-free) batches: selection keeps or drops sequences (engine/packing.py) ----
 
@@ -169,7 +172,7 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         # Weights and stored losses are per sequence of the packed row.
         # The ids and weights (one per sequence; training_step set them aside) count the sequences.
-        extras = [t for t in (self._step_extras or ()) if t is not None]
+        extras = [t for t in (self._step_extras.pending or ()) if t is not None]
         count = extras[0].numel() if extras else None
         with self.per_example_loss_func.sequences(sequence_index, count):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -202,9 +205,9 @@ def packs_sequences(args) -> bool:
     return bool(args.padding_free or (args.packing and args.packing_strategy in {"bfd", "bfd_split"}))
 
 
-def _refuse_on_packed_sequences(args, per_example_loss_func) -> None:
+def _refuse_on_packed_sequences(args, selector, per_example_loss_func) -> None:
     """What selection on padding-free batches cannot do, refused before TRL prepares the data."""
-    from .selectors import Selector, build_selector
+    from .selectors import Selector
 
     how = "packing=True" if args.packing else "padding_free=True"
     if per_example_loss_func is not None:
@@ -213,7 +216,6 @@ def _refuse_on_packed_sequences(args, per_example_loss_func) -> None:
             "sequences with the automatic SFT loss only; leave per_example_loss_func out, or set packing=False and "
             "padding_free=False"
         )
-    selector = build_selector(args)
     if selector.uses_reference_losses:
         raise ValueError(
             f"--sb_strategy {args.sb_strategy} with {how}: the reference pass scores dataset rows, which padding-free "

@@ -18,22 +18,22 @@ import torch
 from transformers import Trainer
 from transformers.trainer_utils import has_length
 
-from . import _compat, parallelism
-from .config import check_trainer_arguments, refuse_unsupported_trainer
+from . import _compat, loss_check, parallelism
+from .config import check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
 from .engine import SelectionEngine, reference, rotation, run_record, state_files, streams
 from .engine.accounting import STATS_FILE, WALL_CLOCK_FIGURES, finish_run, run_summary
 from .engine.callback import SelectionFlowCallback
-from .engine.checkpoints import require_complete_checkpoint, require_resumable
-from .engine.data_state import DataState, stateful_sources
-from .engine.engine import WEIGHT_KEY, check_rows
+from .engine.data_state import DataState
+from .engine.engine import WEIGHT_KEY
 from .engine.epoch_plan import planned_sampler
 from .engine.indexing import keeping_ids, prepare_training_dataset
 from .engine.padding import queue_padding
 from .engine.run_length import RunLength
 from .engine.scoring import SelectionScorer, selection_model
-from .losses import check_per_example_loss, model_task, per_example_loss_for, weighted_loss
+from .losses import model_task, per_example_loss_for, weighted_loss
 from .lr_schedule import schedule_for
 from .selectors import build_selector
+from .step_extras import StepExtras
 
 __all__ = ["STATS_FILE", "WEIGHT_KEY", "SelectiveBackpropMixin", "SelectiveBackpropTrainer"]
 
@@ -63,25 +63,22 @@ class SelectiveBackpropMixin:
     loss_scale_rule = _compat.TRAINER_LOSS_SCALE
     #: For 'rholoss': the column or reference model that gives the irreducible losses.
     _reference: reference.Reference | None = None
-    #: (ids, weights) of the micro-batch in training_step, until compute_loss reads them.
-    _step_extras: tuple | None = None
 
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
-        refuse_unsupported_trainer(type(self), args, kwargs)  # before the trainer prepares its data
+        given = selective_arguments(args, kwargs)
+        selector = build_selector(given) if given is not None else None
+        self._refuse_before_data(given, selector, per_example_loss_func)
         super().__init__(*args, **kwargs)
         check_trainer_arguments(self, per_example_loss_func)
         self.label_name = self.label_names[0] if self.label_names else "labels"
         # The label smoother's factor: the Trainer drops it for multi-label classification.
         smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
         self.per_example_loss_func = per_example_loss_func or self._automatic_per_example_loss(smoothing)
-        self.selector = build_selector(self.args)
-        if reference_model is not None and (self.selector is None or not self.selector.uses_reference_losses):
-            raise ValueError(
-                f"reference_model gives irreducible losses, which only sb_strategy='rholoss' uses (this run has "
-                f"{self.args.sb_strategy!r})"
-            )
+        self.selector = selector
+        reference.refuse_unused(reference_model, self.selector, self.args.sb_strategy)
         if self.selector is None:
             return  # the Trainer itself, callbacks, rotation and checkpoint files included
+        self._step_extras = StepExtras(self.args.sb_index_column)
         self.add_callback(rotation.RunCheckpoints())
         parallelism.refuse_unsupported(self)
         if self.selector.produces_weights:
@@ -97,42 +94,26 @@ class SelectiveBackpropMixin:
         self._flow_callback = SelectionFlowCallback(self)
         _compat.replace_default_flow(self, self._flow_callback)
         self.engine = self._build_engine()
-        selector = self.selector
         if per_example_loss_func is None and (
             selector.needs_losses or selector.produces_weights or self.engine.records_training_losses
         ):
             self._check_automatic_loss()
+
+    def _refuse_before_data(self, args, selector, per_example_loss_func) -> None:
+        """What this trainer refuses before the wrapped trainer prepares its data (which can take long)."""
+        refuse_unsupported_trainer(type(self), args)
 
     def _automatic_per_example_loss(self, label_smoothing: float):
         """The per-example loss matching the model's own, when the user passes none."""
         return per_example_loss_for(self.model, label_smoothing=label_smoothing, label_name=self.label_name)
 
     def _check_automatic_loss(self) -> None:
-        """Score the first training rows once, now: a model whose output the automatic per-example loss
-        does not fit fails at construction with an error naming it, not in the first step."""
-        dataset = self.train_dataset
-        if isinstance(dataset, torch.utils.data.IterableDataset) or not has_length(dataset) or len(dataset) == 0:
-            return
-        if any(hasattr(parameter, "ds_id") for parameter in self.model.parameters()):
-            # Loaded under ZeRO-3 (zero.Init): each rank holds a shard of the weights, and a forward before
-            # DeepSpeed's engine exists cannot gather them. Gathering them here would need the whole model on
-            # one device, what ZeRO-3 avoids.
-            logger.info("weights partitioned by ZeRO-3: the per-example loss is not checked against the model's loss")
-            return
-
-        def first_rows() -> dict:
-            batch = _compat.collated_rows(self, dataset, min(2, len(dataset)), "training")
-            check_rows(batch)
-            return _compat.input_preparation(self)(batch)
-
-        check_per_example_loss(
-            self.model, self.engine.scorer, first_rows, self.args.sb_index_column,
-            stateful_sources(self.train_dataset, self.data_collator), self.per_example_loss_func,
-        )
+        """The automatic per-example loss against the model's own, on the first training rows (loss_check.py)."""
+        loss_check.check_on_first_rows(self)
 
     def _build_engine(self) -> SelectionEngine:
-        """Fresh selection state: at construction and at each (auto_find_batch_size) restart."""
-        self.selector = build_selector(self.args)
+        """Selection state for ``self.selector``: at construction, and fresh for each later training loop (a
+        second train() call, or an auto_find_batch_size restart with a smaller batch)."""
         # Text rows from different selection batches have different lengths: re-pad each micro-batch.
         task = model_task(self.accelerator.unwrap_model(self.model))
         padding = self._queue_padding(task != "classification", task == "seq2seq-lm")
@@ -220,9 +201,7 @@ class SelectiveBackpropMixin:
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         scheduler = super().create_scheduler(num_training_steps, optimizer)
-        # Step decays at --lr_decay_milestones; under selection, how many examples are kept drifts as losses
-        # fall, so an epoch's step count is only known afterwards: the schedule follows the run's progress
-        # instead, scaled to the expected step count, and ends exactly when the data does.
+        # An epoch's step count under selection is known only afterwards: the schedule follows the run's progress.
         schedule_for(self, scheduler, num_training_steps)
         return scheduler
 
@@ -234,12 +213,14 @@ class SelectiveBackpropMixin:
 
     def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, *rest, **kwargs):
         if self.selector is not None:
-            self.engine = self._build_engine()
+            if self.engine.attached:  # the state of an earlier loop: start afresh
+                self.selector = build_selector(self.args)
+                self.engine = self._build_engine()
             self._train_start = time.perf_counter()
             if self._reference is not None:
-                self.engine.use_irreducible(self._reference.irreducible_losses(
-                    self, self.engine.stats, resuming=resume_from_checkpoint is not None
-                ))
+                self.engine.use_irreducible(
+                    self._reference.irreducible_losses(self, resuming=resume_from_checkpoint is not None)
+                )
         return super()._inner_training_loop(batch_size, args, resume_from_checkpoint, *rest, **kwargs)
 
     def _init_training_state(self, max_steps, steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial):
@@ -276,35 +257,14 @@ class SelectiveBackpropMixin:
     def training_step(self, model, inputs, *args, **kwargs):
         if self.selector is None:
             return super().training_step(model, inputs, *args, **kwargs)
-        # The ids and weights travel beside the model's inputs, not in them: a compute_loss override that
-        # does not call this one (as in transformers' docs) hands its inputs straight to the model.
-        inputs = dict(inputs)
-        self._step_extras = (inputs.pop(self.args.sb_index_column, None), inputs.pop(WEIGHT_KEY, None))
-        try:
-            loss = super().training_step(model, inputs, *args, **kwargs)
-            unread = self._step_extras
-        finally:
-            self._step_extras = None
-        ids, weights = unread if unread is not None else (None, None)
-        if weights is not None or (ids is not None and self.engine.records_training_losses):
-            lost = "its example weights" if weights is not None else "the refresh of its stored losses"
-            raise RuntimeError(
-                f"{type(self).__name__}.compute_loss did not call SelectiveBackpropMixin.compute_loss, so "
-                f"--sb_strategy {self.args.sb_strategy} lost {lost}: an override of compute_loss must call "
-                "super().compute_loss(model, inputs, return_outputs, num_items_in_batch) (docs/usage.md, "
-                "'Overriding compute_loss')"
-            )
-        return loss
+        refreshes = self.engine.records_training_losses
+        with self._step_extras.carried(inputs, type(self).__name__, self.args.sb_strategy, refreshes) as inputs:
+            return super().training_step(model, inputs, *args, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.selector is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        inputs = dict(inputs)
-        ids = inputs.pop(self.args.sb_index_column, None)
-        weights = inputs.pop(WEIGHT_KEY, None)
-        if model.training and self._step_extras is not None:
-            ids, weights = self._step_extras
-            self._step_extras = None
+        inputs, ids, weights = self._step_extras.take(inputs, model.training)
         labels = inputs.get(self.label_name)
         refresh = self.engine.records_training_losses and ids is not None
         if not (model.training and labels is not None and (weights is not None or refresh)):
@@ -352,13 +312,9 @@ class SelectiveBackpropMixin:
         super().log(logs, start_time)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        if self.selector is None and resume_from_checkpoint:
-            run_record.check_without_selection(resume_from_checkpoint, self.args.output_dir)
-        if self.selector is not None and resume_from_checkpoint is True:
-            # transformers picks the highest checkpoint-N folder, even one a killed run left half written.
-            resume_from_checkpoint = require_complete_checkpoint(self.args.output_dir)
-        if self.selector is not None and isinstance(resume_from_checkpoint, str):
-            require_resumable(resume_from_checkpoint)
+        resume_from_checkpoint = state_files.resume_target(
+            resume_from_checkpoint, self.args.output_dir, selecting=self.selector is not None
+        )
         try:
             output = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
@@ -398,12 +354,5 @@ class SelectiveBackpropMixin:
 
 
 class SelectiveBackpropTrainer(SelectiveBackpropMixin, Trainer):
-    """A drop-in `Trainer` that backpropagates only selected examples.
-
-    Args:
-        per_example_loss_func: ``(outputs, labels) -> losses`` of shape (batch,), needed when
-            the model's loss is not single-label cross-entropy (and with ``compute_loss_func``).
-        reference_model: for ``sb_strategy="rholoss"``, a model trained on held-out data (or
-            ``--sb_reference_model``, its folder).
-        Every other argument is `transformers.Trainer`'s.
-    """
+    """A drop-in `Trainer` that backpropagates only selected examples: `transformers.Trainer`'s arguments, and
+    `SelectiveBackpropMixin`'s (``per_example_loss_func``, ``reference_model``)."""

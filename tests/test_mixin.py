@@ -103,3 +103,34 @@ def test_the_mixin_on_a_preference_or_online_trainer_is_refused_before_it_prepar
     # No data at all: the refusal comes first, before the trainer would tokenize pairs or load a reward model.
     with pytest.raises(ValueError, match=rf"TRL's {trainer_name} is not supported: its batches hold paired"):
         Selective(model=TinyClassifier(), args=args)
+
+
+_BUILT = []
+
+
+def _counted_uniform(args):
+    from hf_selective_backprop.selectors import UniformSelector
+
+    _BUILT.append(UniformSelector(args.sb_keep_fraction))
+    return _BUILT[-1]
+
+
+def test_the_strategy_and_engine_are_built_once_per_training_loop(output_dir):
+    from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
+    from hf_selective_backprop.selectors import register_strategy
+
+    register_strategy("test-counted", _counted_uniform)
+    _BUILT.clear()
+    args = SelectiveBackpropConfig(output_dir, use_cpu=True, report_to=[], per_device_train_batch_size=8,
+                                   num_train_epochs=1, save_strategy="no", disable_tqdm=True,
+                                   sb_strategy="test-counted", sb_keep=0.5)
+    trainer = SelectiveBackpropTrainer(model=TinyClassifier(), args=args, train_dataset=make_dataset(32))
+    engine = trainer.engine
+    assert _BUILT == [trainer.selector] and engine.selector is trainer.selector
+    trainer.train()
+    # The first loop runs on what construction built; its strategy is the engine's.
+    assert trainer.engine is engine and len(_BUILT) == 1 and engine.stats.considered == 32
+    trainer.train()
+    # A second loop starts afresh: a new strategy and engine, the first loop's counters not carried over.
+    assert len(_BUILT) == 2 and trainer.engine is not engine and trainer.engine.selector is _BUILT[1]
+    assert trainer.engine.stats.considered == 32 and engine.stats.considered == 32

@@ -27,7 +27,7 @@ from .accounting import COUNTERS, TIMERS, SelectionStats
 from .data_state import DataState
 from .epoch_plan import EpochPlan, PlannedSampler, stale_plan
 from .queue import BatchQueue
-from .reference import IrreducibleLosses
+from .reference import IrreducibleLosses, ReferencePass
 from .schedule import in_selection_window, is_interrupt_step
 from .scoring import SelectionScorer
 from .store import LossStore
@@ -114,14 +114,21 @@ class SelectionEngine:
             # larger id shows up (~2.7x its final size at peak, docs/reliability.md).
             self.store = LossStore(int(ids.max()) + 1)
 
+    @property
+    def attached(self) -> bool:
+        """Whether a training loop has started with this engine (its loader attached): its state is that loop's."""
+        return self.dataloader is not None
+
     def set_run_length(self, epoch_based: bool) -> None:
         """Whether the run ends when its data does (epoch-based) or after a number of steps."""
         self.epoch_based = epoch_based
 
-    def use_irreducible(self, table: IrreducibleLosses | None) -> None:
-        """The irreducible losses 'rholoss' subtracts (None when resuming: the checkpoint holds them)."""
-        if table is not None:
-            self.irreducible = table
+    def use_irreducible(self, scored: ReferencePass | None) -> None:
+        """The irreducible losses 'rholoss' subtracts, and what scoring them cost (None when resuming: the
+        checkpoint holds both)."""
+        if scored is not None:
+            self.irreducible = scored.table
+            self.stats.reference_forwards, self.stats.reference_seconds = scored.forwards, scored.seconds
 
     # ---- state -------------------------------------------------------------------------------
 

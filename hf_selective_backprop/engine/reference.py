@@ -120,19 +120,28 @@ class Reference:
         check_fits(reference_model, trainer.accelerator.unwrap_model(trainer.model), name)
         return cls(reference_model, name, loss_fn), dataset
 
-    def irreducible_losses(self, trainer, stats, resuming: bool) -> IrreducibleLosses | None:
-        """The table: a column's, or scored once by the reference model (its cost recorded in ``stats``), or
-        (resuming) None until the checkpoint restores the saved one. A collective when it scores."""
-        if resuming or isinstance(self.source, IrreducibleLosses):
-            return None if resuming else self.source
+    def irreducible_losses(self, trainer, resuming: bool) -> ReferencePass | None:
+        """The table and what it cost: a column's (nothing), or scored once by the reference model, or (resuming)
+        None until the checkpoint restores the saved one. A collective when it scores."""
+        if resuming:
+            return None
+        if isinstance(self.source, IrreducibleLosses):
+            return ReferencePass(self.source, forwards=0, seconds=0.0)
         if self.scored is None:  # an auto_find_batch_size restart keeps the first pass
             self.scored = compute(trainer, self.source, self.name, self.loss_fn)
             ids = ids_by_position(trainer.train_dataset, trainer.args.sb_index_column)  # None for a stream: its pass
             if ids is not None:  # read every row the run reads
                 self.scored.table.check_covers(ids, self.name)
-        stats.reference_forwards = self.scored.forwards
-        stats.reference_seconds = self.scored.seconds
-        return self.scored.table
+        return self.scored
+
+
+def refuse_unused(reference_model: torch.nn.Module | None, selector, strategy: str) -> None:
+    """A reference model given to a strategy that does not read irreducible losses is a mistake, not a no-op."""
+    if reference_model is not None and (selector is None or not selector.uses_reference_losses):
+        raise ValueError(
+            f"reference_model gives irreducible losses, which only sb_strategy='rholoss' uses (this run has "
+            f"{strategy!r})"
+        )
 
 
 def from_column(dataset, column: str, ids: torch.Tensor) -> IrreducibleLosses:

@@ -15,8 +15,23 @@ import warnings
 import torch
 
 from . import run_record
-from .checkpoints import RANK_STATE_FILE, STATE_FILE, atomic_save
+from .checkpoints import RANK_STATE_FILE, STATE_FILE, atomic_save, require_complete_checkpoint, require_resumable
 from .engine import SelectionEngine
+
+
+def resume_target(resume_from_checkpoint: str | bool | None, output_dir: str, selecting: bool):
+    """The checkpoint train() resumes from, checked before anything trains. Selecting, ``True`` is the last
+    *complete* checkpoint-N (transformers picks the highest, even one a killed run left half written); without
+    selection, a selective run's checkpoint is refused (the plain Trainer would skip batches by steps)."""
+    if not selecting:
+        if resume_from_checkpoint:
+            run_record.check_without_selection(resume_from_checkpoint, output_dir)
+        return resume_from_checkpoint
+    if resume_from_checkpoint is True:
+        resume_from_checkpoint = require_complete_checkpoint(output_dir)
+    if isinstance(resume_from_checkpoint, str):
+        require_resumable(resume_from_checkpoint)
+    return resume_from_checkpoint
 
 
 def save(engine: SelectionEngine, folder: str, should_save: bool, model: torch.nn.Module | None = None) -> None:

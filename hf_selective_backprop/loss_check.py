@@ -1,0 +1,43 @@
+"""The check, when a selective trainer is built, that the automatic per-example loss fits its model.
+
+A model whose outputs the automatic loss does not fit fails at construction, with an error naming
+``per_example_loss_func``, instead of in the first step or, worse, by selecting on wrong losses.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from transformers.trainer_utils import has_length
+
+from . import _compat
+from .engine.data_state import stateful_sources
+from .engine.engine import check_rows
+from .losses import check_per_example_loss
+
+logger = logging.getLogger(__name__)
+
+
+def check_on_first_rows(trainer) -> None:
+    """Score ``trainer``'s first (at most two) training rows with its per-example loss and compare with the
+    model's own loss on them; the random state the collation draws from is restored afterwards."""
+    dataset = trainer.train_dataset
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not has_length(dataset) or len(dataset) == 0:
+        return
+    if any(hasattr(parameter, "ds_id") for parameter in trainer.model.parameters()):
+        # Loaded under ZeRO-3 (zero.Init): each rank holds a shard of the weights, and a forward before
+        # DeepSpeed's engine exists cannot gather them. Gathering them here would need the whole model on one
+        # device, what ZeRO-3 avoids.
+        logger.info("weights partitioned by ZeRO-3: the per-example loss is not checked against the model's loss")
+        return
+
+    def first_rows() -> dict:
+        batch = _compat.collated_rows(trainer, dataset, min(2, len(dataset)), "training")
+        check_rows(batch)
+        return _compat.input_preparation(trainer)(batch)
+
+    check_per_example_loss(
+        trainer.model, trainer.engine.scorer, first_rows, trainer.args.sb_index_column,
+        stateful_sources(dataset, trainer.data_collator), trainer.per_example_loss_func,
+    )

@@ -9,7 +9,7 @@
 
 Writes <output_dir>/<strategy>.json (per-epoch log), report.md and PNGs; a strategy whose
 JSON exists is skipped. Text classification: scripts/benchmark_text.py. Every flag: --help.
-See docs/benchmarks.md.
+See docs/record/benchmarks.md.
 """
 
 import logging

@@ -1,4 +1,5 @@
-"""Every relative link in README.md and docs/*.md leads to a file that exists, and every #anchor to a heading in it."""
+"""Every relative link in README.md and docs/**/*.md (the guides, docs/README.md, docs/record/) leads to a file that
+exists, and every #anchor to a heading in it."""
 
 import re
 from pathlib import Path
@@ -6,7 +7,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 FENCE = re.compile(r"^```.*?^```", flags=re.DOTALL | re.MULTILINE)
 INLINE_CODE = re.compile(r"`[^`\n]*`")

@@ -10,7 +10,6 @@ refresh), logging and checkpoints.
 
 from __future__ import annotations
 
-import logging
 import time
 from functools import partial
 
@@ -19,6 +18,7 @@ from transformers import Trainer
 from transformers.trainer_utils import has_length
 
 from . import _compat, loss_check, parallelism
+from .cards import write_trainer_card
 from .config import check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
 from .engine import SelectionEngine, reference, rotation, run_record, state_files, streams
 from .engine.accounting import STATS_FILE, WALL_CLOCK_FIGURES, finish_run, run_summary
@@ -36,8 +36,6 @@ from .selectors import build_selector
 from .step_extras import StepExtras
 
 __all__ = ["STATS_FILE", "WEIGHT_KEY", "SelectiveBackpropMixin", "SelectiveBackpropTrainer"]
-
-logger = logging.getLogger(__name__)
 
 
 class SelectiveBackpropMixin:
@@ -324,15 +322,11 @@ class SelectiveBackpropMixin:
         if self.selector is not None:
             # Without selection the output folder and metrics are the Trainer's own (cards.training_costs
             # gives such a run's counters).
-            self.sb_stats, notes = finish_run(self, output.metrics, self._expected_steps)
-            for note in notes:
-                logger.warning(note)
+            self.sb_stats = finish_run(self, output.metrics, self._expected_steps)
         return output
 
     def create_model_card(self, *args, **kwargs):
         # The Selective-Backprop card (settings, savings, accuracy) in place of the Trainer's generic one.
-        from .cards import write_trainer_card
-
         return write_trainer_card(self, *args, **kwargs)
 
     # ---- checkpoints ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from contextlib import contextmanager
@@ -37,6 +38,8 @@ TIMERS = (
 )
 #: Summary figures that are wall-clock times (or shares of them): they differ from run to run.
 WALL_CLOCK_FIGURES = (*TIMERS, "train_seconds", "training_seconds", "selection_overhead_share")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -176,9 +179,9 @@ def end_of_run_notes(summary: dict, expected_keep: float | None, history_size: i
     return notes
 
 
-def finish_run(trainer, metrics: dict, expected_steps: int) -> tuple[dict, list[str]]:
-    """The run's summary (a collective), added to train()'s ``metrics`` and written to sb_stats.json, and the notes
-    on it to log (`end_of_run_notes`, on the process that logs)."""
+def finish_run(trainer, metrics: dict, expected_steps: int) -> dict:
+    """The run's summary (a collective), added to train()'s ``metrics`` and written to sb_stats.json; the notes on
+    it (`end_of_run_notes`) are logged as warnings by the process that logs."""
     args = trainer.args
     stats = {**trainer.selection_summary(), "strategy": args.sb_strategy, "expected_steps": expected_steps}
     queued = distributed.sum_over_processes(trainer.accelerator, {"rows": len(trainer.engine.queue)})["rows"]
@@ -187,4 +190,7 @@ def finish_run(trainer, metrics: dict, expected_steps: int) -> tuple[dict, list[
     metrics.update({f"sb/{k}": v for k, v in stats.items()})
     if args.should_save:
         write_stats(stats, os.path.join(args.output_dir, STATS_FILE))
-    return stats, notes if args.should_log else []
+    if args.should_log:
+        for note in notes:
+            logger.warning(note)
+    return stats

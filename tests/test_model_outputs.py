@@ -6,8 +6,7 @@ from tiny import FEATURES, TinyClassifier, make_config, make_dataset
 from torch import nn
 from transformers import default_data_collator
 
-from hf_selective_backprop import SelectiveBackpropTrainer
-from hf_selective_backprop import trainer as trainer_module
+from hf_selective_backprop import SelectiveBackpropTrainer, loss_check
 
 
 class TupleClassifier(TinyClassifier):
@@ -98,10 +97,10 @@ def test_the_check_changes_neither_the_random_state_nor_the_model(output_dir, mo
         return torch.rand(3)
 
     calls = []
-    check = trainer_module.check_per_example_loss
-    monkeypatch.setattr(trainer_module, "check_per_example_loss", lambda *args: calls.append(check(*args)))
+    check = loss_check.check_per_example_loss
+    monkeypatch.setattr(loss_check, "check_per_example_loss", lambda *args: calls.append(check(*args)))
     checked = construct()
-    monkeypatch.setattr(trainer_module, "check_per_example_loss", lambda *args: None)
+    monkeypatch.setattr(loss_check, "check_per_example_loss", lambda *args: None)
     assert len(calls) == 1 and torch.equal(construct(), checked)
 
 

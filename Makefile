@@ -17,8 +17,9 @@ OLDEST_PINS := transformers==5.23.0 accelerate==1.10.1 trl==1.16.0
 DEEPSPEED_BUILD_DEPS := hjson ninja py-cpuinfo msgpack einops
 
 # Two pytest-xdist workers, each test file on one: every test runs one intra-op thread (tests/conftest.py), so two
-# fill two cores (the suite took 259 s instead of 407 s, idle 2-core CPU, 2026-11-25). By file, so that the launches of tests/test_sharded.py, which share
-# DeepSpeed's build folder and remove its lock file afterwards, stay on one worker. PYTEST_ARGS= runs one process.
+# fill two cores (the suite took 259 s instead of 407 s on an idle 2-core CPU, 2026-11-25). By file, so that the
+# launches of tests/test_sharded.py, which share DeepSpeed's build folder and remove its lock file afterwards, stay
+# on one worker. `make test PYTEST_ARGS=` runs the suite in one process.
 PYTEST_ARGS ?= -n 2 --dist loadfile
 
 .PHONY: venv demo test test-oldest lint benchmark gpu-check

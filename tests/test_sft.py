@@ -122,9 +122,12 @@ def test_resume_reaches_the_uninterrupted_weights(tmp_path, tokenizer):
 
 
 @pytest.mark.slow
-def test_two_processes_select_in_lockstep(tmp_path):
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_two_processes_select_in_lockstep(tmp_path, layout):
+    """Padded rows, and packed ones: a packed row holds a varying number of sequences, so the two ranks' selection
+    batches can hold different numbers of sequences, and the ranks must still take the same optimizer steps."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               str(ROOT / "tests" / "sft_worker.py"), str(tmp_path)]
+               str(ROOT / "tests" / "sft_worker.py"), str(tmp_path), *(["--packing"] if layout == "packed" else [])]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     result = subprocess.run(command, cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
                             timeout=300)

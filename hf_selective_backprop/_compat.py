@@ -92,7 +92,8 @@ PRIVATE_SURFACE: dict[str, tuple[str, str]] = {
     ),
     "_train_batch_size": (
         "the batch size of the current (auto_find_batch_size) attempt, the size of each training micro-batch "
-        "(train_batch_size)",
+        "(train_batch_size); set to the attempt's size before the engine is built (adopt_loop_batch_size), as the "
+        "loop's own first step sets it",
         "a public attribute, or the batch size passed to the hooks that build the dataloader",
     ),
 }
@@ -147,6 +148,14 @@ def add_signature_column(trainer, column: str) -> None:
 
 def train_batch_size(trainer) -> int:
     return trainer._train_batch_size
+
+
+def adopt_loop_batch_size(trainer, batch_size: int | None) -> None:
+    """The batch size of the training loop about to start, set before the loop's first step sets it: under
+    ``auto_find_batch_size`` each attempt's ``_inner_training_loop`` adopts the (smaller) ``batch_size`` it is
+    called with as its first step, and a fresh engine must assemble micro-batches of it."""
+    if trainer.args.auto_find_batch_size and batch_size is not None:
+        trainer._train_batch_size = batch_size
 
 
 def output_dir(trainer, trial) -> str:

@@ -59,6 +59,8 @@ class SelectiveBackpropMixin:
     config_class_name = "SelectiveBackpropConfig"
     #: How the wrapped trainer's compute_loss scales the loss over processes, which the weighted loss must match.
     loss_scale_rule = _compat.TRAINER_LOSS_SCALE
+    #: Training loops started (train() calls, auto_find_batch_size restarts): each after the first gets a fresh engine.
+    _loops_started = 0
     #: For 'rholoss': the column or reference model that gives the irreducible losses.
     _reference: reference.Reference | None = None
 
@@ -211,9 +213,11 @@ class SelectiveBackpropMixin:
 
     def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, *rest, **kwargs):
         if self.selector is not None:
-            if self.engine.attached:  # the state of an earlier loop: start afresh
+            if self._loops_started:  # the engine holds an earlier loop's state: start afresh
+                _compat.adopt_loop_batch_size(self, batch_size)  # an auto_find_batch_size restart's smaller one
                 self.selector = build_selector(self.args)
                 self.engine = self._build_engine()
+            self._loops_started += 1
             self._train_start = time.perf_counter()
             if self._reference is not None:
                 self.engine.use_irreducible(

@@ -127,6 +127,7 @@ def test_the_strategy_and_engine_are_built_once_per_training_loop(output_dir):
     trainer = SelectiveBackpropTrainer(model=TinyClassifier(), args=args, train_dataset=make_dataset(32))
     engine = trainer.engine
     assert _BUILT == [trainer.selector] and engine.selector is trainer.selector
+    trainer.get_train_dataloader()  # a loader built before training (to inspect it) starts no loop
     trainer.train()
     # The first loop runs on what construction built; its strategy is the engine's.
     assert trainer.engine is engine and len(_BUILT) == 1 and engine.stats.considered == 32
@@ -134,3 +135,34 @@ def test_the_strategy_and_engine_are_built_once_per_training_loop(output_dir):
     # A second loop starts afresh: a new strategy and engine, the first loop's counters not carried over.
     assert len(_BUILT) == 2 and trainer.engine is not engine and trainer.engine.selector is _BUILT[1]
     assert trainer.engine.stats.considered == 32 and engine.stats.considered == 32
+
+
+class _OutOfMemoryOnce(SelectiveBackpropMixin, Trainer):
+    """Fails its first step as a CUDA allocation would: auto_find_batch_size restarts with half the batch."""
+
+    failed = False
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if not self.failed:
+            type(self).failed = True
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+def test_an_auto_find_batch_size_restart_selects_afresh_at_the_smaller_batch(output_dir):
+    from hf_selective_backprop import SelectiveBackpropConfig
+    from hf_selective_backprop.selectors import register_strategy
+
+    register_strategy("test-counted", _counted_uniform)
+    _BUILT.clear()
+    args = SelectiveBackpropConfig(output_dir, use_cpu=True, report_to=[], per_device_train_batch_size=8,
+                                   num_train_epochs=1, save_strategy="no", disable_tqdm=True, auto_find_batch_size=True,
+                                   sb_strategy="test-counted", sb_keep=0.5)
+    trainer = _OutOfMemoryOnce(model=TinyClassifier(), args=args, train_dataset=make_dataset(64))
+    first = trainer.engine
+    trainer.train()
+    # The failed loop's state (its first selection batch) is not carried into the restart.
+    assert trainer.failed and len(_BUILT) == 2 and trainer.engine is not first
+    batch = trainer.state.train_batch_size  # Accelerate's next size after the failure (0.9x in recent releases)
+    assert trainer.engine.batch_size == batch < 8 and trainer.sb_stats["considered"] == 64
+    assert trainer.sb_stats["backwards"] == trainer.state.global_step * batch

@@ -114,11 +114,6 @@ class SelectionEngine:
             # larger id shows up (~2.7x its final size at peak, docs/reliability.md).
             self.store = LossStore(int(ids.max()) + 1)
 
-    @property
-    def attached(self) -> bool:
-        """Whether a training loop has started with this engine (its loader attached): its state is that loop's."""
-        return self.dataloader is not None
-
     def set_run_length(self, epoch_based: bool) -> None:
         """Whether the run ends when its data does (epoch-based) or after a number of steps."""
         self.epoch_based = epoch_based

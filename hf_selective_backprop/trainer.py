@@ -213,8 +213,9 @@ class SelectiveBackpropMixin:
 
     def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, *rest, **kwargs):
         if self.selector is not None:
-            if self._loops_started:  # the engine holds an earlier loop's state: start afresh
-                _compat.adopt_loop_batch_size(self, batch_size)  # an auto_find_batch_size restart's smaller one
+            _compat.adopt_loop_batch_size(self, batch_size)  # auto_find_batch_size: a restart's or a resumed run's
+            if self._loops_started or self.engine.batch_size != self._micro_batch_rows():
+                # An earlier loop's state, or micro-batches of another size: start afresh.
                 self.selector = build_selector(self.args)
                 self.engine = self._build_engine()
             self._loops_started += 1

@@ -150,14 +150,16 @@ class _OutOfMemoryOnce(SelectiveBackpropMixin, Trainer):
 
 
 def test_an_auto_find_batch_size_restart_selects_afresh_at_the_smaller_batch(output_dir):
-    from hf_selective_backprop import SelectiveBackpropConfig
+    from dataclasses import replace
+
+    from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
     from hf_selective_backprop.selectors import register_strategy
 
     register_strategy("test-counted", _counted_uniform)
     _BUILT.clear()
     args = SelectiveBackpropConfig(output_dir, use_cpu=True, report_to=[], per_device_train_batch_size=8,
-                                   num_train_epochs=1, save_strategy="no", disable_tqdm=True, auto_find_batch_size=True,
-                                   sb_strategy="test-counted", sb_keep=0.5)
+                                   num_train_epochs=1, save_strategy="epoch", disable_tqdm=True,
+                                   auto_find_batch_size=True, sb_strategy="test-counted", sb_keep=0.5)
     trainer = _OutOfMemoryOnce(model=TinyClassifier(), args=args, train_dataset=make_dataset(64))
     first = trainer.engine
     trainer.train()
@@ -166,3 +168,10 @@ def test_an_auto_find_batch_size_restart_selects_afresh_at_the_smaller_batch(out
     batch = trainer.state.train_batch_size  # Accelerate's next size after the failure (0.9x in recent releases)
     assert trainer.engine.batch_size == batch < 8 and trainer.sb_stats["considered"] == 64
     assert trainer.sb_stats["backwards"] == trainer.state.global_step * batch
+    # A run resumed from its checkpoint trains at the size found, as the Trainer does, from its first step.
+    resumed = SelectiveBackpropTrainer(model=TinyClassifier(), args=replace(args, num_train_epochs=2),
+                                       train_dataset=make_dataset(64))
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.engine.batch_size == resumed.state.train_batch_size == batch
+    assert resumed.state.global_step > trainer.state.global_step  # counters continue the saved run's
+    assert resumed.sb_stats["backwards"] == resumed.state.global_step * batch

@@ -21,7 +21,11 @@ logger = logging.getLogger(__name__)
 
 def check_on_first_rows(trainer) -> None:
     """Score ``trainer``'s first (at most two) training rows with its per-example loss and compare with the
-    model's own loss on them; the random state the collation draws from is restored afterwards."""
+    model's own loss on them, when the run reads per-example losses at all; the random state the collation
+    draws from is restored afterwards."""
+    selector, engine = trainer.selector, trainer.engine
+    if not (selector.needs_losses or selector.produces_weights or engine.records_training_losses):
+        return  # uniform without weights or a store: the per-example loss is never computed
     dataset = trainer.train_dataset
     if isinstance(dataset, torch.utils.data.IterableDataset) or not has_length(dataset) or len(dataset) == 0:
         return
@@ -38,6 +42,6 @@ def check_on_first_rows(trainer) -> None:
         return _compat.input_preparation(trainer)(batch)
 
     check_per_example_loss(
-        trainer.model, trainer.engine.scorer, first_rows, trainer.args.sb_index_column,
+        trainer.model, engine.scorer, first_rows, trainer.args.sb_index_column,
         stateful_sources(dataset, trainer.data_collator), trainer.per_example_loss_func,
     )

@@ -94,9 +94,7 @@ class SelectiveBackpropMixin:
         self._flow_callback = SelectionFlowCallback(self)
         _compat.replace_default_flow(self, self._flow_callback)
         self.engine = self._build_engine()
-        if per_example_loss_func is None and (
-            selector.needs_losses or selector.produces_weights or self.engine.records_training_losses
-        ):
+        if per_example_loss_func is None:
             self._check_automatic_loss()
 
     def _refuse_before_data(self, args, selector, per_example_loss_func) -> None:
@@ -220,10 +218,9 @@ class SelectiveBackpropMixin:
                 self.engine = self._build_engine()
             self._loops_started += 1
             self._train_start = time.perf_counter()
-            if self._reference is not None:
-                self.engine.use_irreducible(
-                    self._reference.irreducible_losses(self, resuming=resume_from_checkpoint is not None)
-                )
+            if self._reference is not None:  # scored once (a collective), or restored with the checkpoint
+                resuming = resume_from_checkpoint is not None
+                self.engine.use_irreducible(self._reference.irreducible_losses(self, resuming))
         return super()._inner_training_loop(batch_size, args, resume_from_checkpoint, *rest, **kwargs)
 
     def _init_training_state(self, max_steps, steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial):

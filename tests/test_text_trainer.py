@@ -205,3 +205,19 @@ def test_resume_with_queued_rows_of_different_lengths_reaches_the_same_weights(t
     resumed = run(partial_dir, resume=os.path.join(partial_dir, "checkpoint-5"))
     assert resumed.state.global_step == full.state.global_step
     assert torch.equal(weights(resumed.model), weights(full.model))
+
+
+@pytest.mark.parametrize("counted", ["all", "non_padding"])
+def test_the_trainers_token_count_counts_the_tokens_trained_not_those_scored(output_dir, tokenizer, counted):
+    """include_num_input_tokens_seen counts the re-padded micro-batches that are trained."""
+    trainer = RecordingTrainer(
+        model=classifier(tokenizer), processing_class=tokenizer, train_dataset=classification_data(tokenizer),
+        args=make_config(output_dir, sb_strategy="sb", sb_keep=0.5, per_device_train_batch_size=8, num_train_epochs=1,
+                         include_num_input_tokens_seen=counted),
+    )
+    trainer.train()
+    key = "input_ids" if counted == "all" else "attention_mask"
+    trained = sum(int(batch[key].numel() if counted == "all" else batch[key].sum()) for batch in trainer.micro_batches)
+    assert trainer.state.num_input_tokens_seen == trained > 0
+    scored = sum(len(ids) for ids in classification_data(tokenizer)["input_ids"])
+    assert trained < scored

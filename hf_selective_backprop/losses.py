@@ -209,7 +209,9 @@ def model_task(model) -> str:
         MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
     )
+    from transformers.trainer_utils import unwrap_peft_model
 
+    model = unwrap_peft_model(model)  # a PEFT adapter model (TRL's SFTTrainer(peft_config=...)): its base's head
     name = type(model).__name__
     config = getattr(model, "config", None)
     if name in _names(MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES):
@@ -231,7 +233,9 @@ def recognized_head(model) -> bool:
 
     mappings = ("CAUSAL_LM", "SEQ_TO_SEQ_CAUSAL_LM", "TOKEN_CLASSIFICATION", "SEQUENCE_CLASSIFICATION",
                 "IMAGE_CLASSIFICATION")
-    name = type(model).__name__
+    from transformers.trainer_utils import unwrap_peft_model
+
+    name = type(unwrap_peft_model(model)).__name__
     return any(name in _names(getattr(modeling_auto, f"MODEL_FOR_{kind}_MAPPING_NAMES")) for kind in mappings)
 
 

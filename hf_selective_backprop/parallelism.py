@@ -18,6 +18,16 @@ def refuse_unsupported(trainer) -> None:
             "supported: launch one process per GPU with `accelerate launch` (or torchrun), or make one GPU "
             "visible (CUDA_VISIBLE_DEVICES=0)"
         )
+    processes = trainer.accelerator.num_processes
+    if processes > 1 and trainer.accelerator.split_batches:
+        # Accelerate would split each loaded batch over the processes, while the engine assembles each process's
+        # micro-batches at the Trainer's batch size: every step would train `processes` times the rows the plain
+        # Trainer trains, with as many times fewer steps.
+        raise ValueError(
+            f"--sb_strategy {strategy} with split_batches=True (accelerator_config) on {processes} processes is not "
+            "supported: selection assembles each process's micro-batches itself. Set split_batches=False and "
+            f"per_device_train_batch_size to the global batch size / {processes} (the same training)"
+        )
     if trainer.is_fsdp_enabled and trainer.selector.needs_losses and distributed.fsdp_version(trainer.accelerator) != 2:
         # The engine keeps sharded forwards in lockstep (docs/distributed.md), shown with torch's fully_shard
         # (FSDP2), which shards the module in place. FSDP1 wraps it, and the selection forward would have to

@@ -243,6 +243,8 @@ def main() -> None:
     parser.add_argument("--images", action="store_true", help="a conv net with BatchNorm on augmented tiny images")
     parser.add_argument("--zero", type=int, choices=[1, 2, 3], default=None, help="DeepSpeed ZeRO stage")
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 full sharding (CUDA: on the CPU it runs as DDP)")
+    parser.add_argument("--split-batches", action="store_true", help="accelerator_config split_batches=True")
+    parser.add_argument("--uneven-batches", action="store_true", help="accelerator_config even_batches=False")
     args = parser.parse_args()
 
     rank = int(os.environ.get("RANK", "0"))
@@ -270,6 +272,7 @@ def main() -> None:
         deepspeed=deepspeed_config(args.zero) if args.zero else None,
         fsdp="full_shard" if args.fsdp else None,
         fsdp_config={"version": 2} if args.fsdp else None,
+        accelerator_config={"split_batches": args.split_batches, "even_batches": not args.uneven_batches},
     )
     torch.manual_seed(0)
     if args.text:

@@ -14,6 +14,7 @@ import pytest
 import torch
 from dist_worker import NAN_IDS, id_loss
 from launch import launch as _launch
+from launch import run
 
 from hf_selective_backprop.engine.accounting import COUNTERS
 
@@ -356,3 +357,20 @@ def test_rholoss_scores_the_reference_once_and_keeps_two_processes_in_lockstep(t
     stats = _stats_json(tmp_path)
     assert stats["reference_forwards"] == EXAMPLES
     assert stats["examples_seen"] == 3 * EXAMPLES and stats["stale_lookups"] == EXAMPLES
+
+
+def test_split_batches_is_refused_before_training(tmp_path):
+    """Accelerate's split_batches divides each loaded batch over the processes; selection assembles each process's
+    micro-batches at the Trainer's batch size, so a step would train twice the rows: refused, naming the fix."""
+    code, output = run(tmp_path, ["--examples", "64", "--batch", "4", "--split-batches"])
+    assert code not in (None, 0)
+    assert "split_batches=True (accelerator_config) on 2 processes is not supported" in output
+    assert "per_device_train_batch_size to the global batch size / 2" in output
+    assert not list(tmp_path.glob("rank*.pt"))  # nothing trained
+
+
+def test_uneven_batches_keep_ranks_in_lockstep(tmp_path):
+    """even_batches=False: the engine's sampler gives every rank the same number of selection batches anyway."""
+    ranks = _launch(tmp_path, ["--examples", "67", "--batch", "4", "--uneven-batches"])
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
+    assert _same_weights(ranks[0]["weights"], ranks[1]["weights"])

@@ -18,6 +18,9 @@ os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
 
 def pytest_collection_modifyitems(config, items):
+    # The multi-process (slow) tests first: under pytest-xdist (make test) their files then start first and the
+    # workers finish together, instead of one running the longest files alone at the end.
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False); make gpu-check runs it")

@@ -16,7 +16,15 @@ from trl import SFTConfig, SFTTrainer
 
 from . import _compat
 from .config import SelectiveBackpropArguments
-from .engine.packing import PackedScorer, SequenceRowsCollator, first_sequence_ids, packed_rows, per_sequence, swapped
+from .engine.packing import (
+    PackedScorer,
+    SequenceRowsCollator,
+    first_sequence_ids,
+    packed_rows,
+    per_sequence,
+    sequence_counts,
+    swapped,
+)
 from .losses import ExampleLoss
 from .trainer import SelectiveBackpropMixin
 
@@ -124,11 +132,10 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
         (per_device_train_batch_size rows of the packed dataset), so a step trains as many sequences and, on
         average, tokens as one of plain packed SFT, and the run's step count (and LR schedule) is unchanged."""
         batch = _compat.train_batch_size(self)
-        dataset = self.train_dataset
-        if "seq_lengths" not in getattr(dataset, "column_names", ()) or len(dataset) == 0:
+        counts = sequence_counts(self.train_dataset)
+        if counts is None or len(counts) == 0:
             return batch  # padding-free without packing: one dataset row is one sequence
-        sequences = sum(len(lengths) for lengths in dataset["seq_lengths"])
-        return max(round(batch * sequences / len(dataset)), 1)
+        return max(round(batch * int(counts.sum()) / len(counts)), 1)
 
     def _selection_scorer(self):
         scorer = super()._selection_scorer()

@@ -113,6 +113,7 @@ class SelectiveBackpropMixin:
         """Selection state for ``self.selector``: at construction, and fresh for each later training loop (a
         second train() call, or an auto_find_batch_size restart with a smaller batch)."""
         # Text rows from different selection batches have different lengths: re-pad each micro-batch.
+        self._engine_batch_size = _compat.train_batch_size(self)  # the Trainer's, which the engine's sizes follow
         task = model_task(self.accelerator.unwrap_model(self.model))
         padding = self._queue_padding(task != "classification", task == "seq2seq-lm")
         return self.engine_class(
@@ -212,7 +213,7 @@ class SelectiveBackpropMixin:
     def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, *rest, **kwargs):
         if self.selector is not None:
             _compat.adopt_loop_batch_size(self, batch_size)  # auto_find_batch_size: a restart's or a resumed run's
-            if self._loops_started or self.engine.batch_size != self._micro_batch_rows():
+            if self._loops_started or self._engine_batch_size != _compat.train_batch_size(self):
                 # An earlier loop's state, or micro-batches of another size: start afresh.
                 self.selector = build_selector(self.args)
                 self.engine = self._build_engine()

@@ -100,6 +100,16 @@ class SelectionStats:
                 setattr(self, f.name, type(f.default)(state[f.name]))
 
 
+def merged_stats(states: list[dict]) -> dict:
+    """Counters of several saved ranks taken over by one: summed; a step is taken by all ranks together, and
+    times are per process (the longest kept)."""
+    merged = {name: sum(state.get(name, 0) for state in states) for name in COUNTERS}
+    merged["optimizer_steps"] = max(state.get("optimizer_steps", 0) for state in states)
+    for name in TIMERS:
+        merged[name] = max(state.get(name, 0.0) for state in states)
+    return merged
+
+
 def summarize(totals: dict, wall_seconds: float) -> dict:
     """Derived figures from counters summed over processes (times: max over processes)."""
     summary = dict(totals)

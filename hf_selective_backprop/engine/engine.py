@@ -23,7 +23,7 @@ from transformers.trainer_utils import has_length
 
 from ..selectors import Selector
 from . import distributed, streams, transfer
-from .accounting import COUNTERS, TIMERS, SelectionStats
+from .accounting import SelectionStats, merged_stats
 from .data_state import DataState
 from .epoch_plan import EpochPlan, PlannedSampler, stale_plan
 from .queue import BatchQueue
@@ -595,16 +595,6 @@ def model_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """
     saved = model.state_dict().keys()
     return {name: value.detach().cpu().clone() for name, value in model.named_buffers() if name in saved}
-
-
-def merged_stats(states: list[dict]) -> dict:
-    """Counters of several saved ranks taken over by one: summed; a step is taken by all ranks together, and
-    times are per process (the longest kept)."""
-    merged = {name: sum(state.get(name, 0) for state in states) for name in COUNTERS}
-    merged["optimizer_steps"] = max(state.get("optimizer_steps", 0) for state in states)
-    for name in TIMERS:
-        merged[name] = max(state.get(name, 0.0) for state in states)
-    return merged
 
 
 def check_rows(batch: dict) -> None:

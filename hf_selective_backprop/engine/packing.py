@@ -198,14 +198,25 @@ class SequenceRowsCollator:
         return sequence_rows(batch, self.pad_token_id, ids, self.id_column)
 
 
+def sequence_counts(dataset) -> numpy.ndarray | None:
+    """For a packed `datasets.Dataset` (a ``seq_lengths`` list per row): the number of sequences in each row, read
+    from Arrow's list offsets (no Python loop over rows); None for unpacked data."""
+    if "seq_lengths" not in getattr(dataset, "column_names", ()):
+        return None
+    import pyarrow.compute as pc
+
+    lengths = dataset.with_format("arrow")["seq_lengths"]
+    return pc.list_value_length(lengths).to_numpy(zero_copy_only=False).astype(numpy.int64)
+
+
 def first_sequence_ids(dataset, id_column: str) -> numpy.ndarray | None:
     """For a packed `datasets.Dataset` (a ``seq_lengths`` list per row): the number of its first sequence,
     indexed by row id, when all sequences are numbered 0..S-1 in row order; None for unpacked data."""
-    if "seq_lengths" not in getattr(dataset, "column_names", ()):
+    counts = sequence_counts(dataset)
+    if counts is None:
         return None
     from .indexing import ids_by_position
 
-    counts = numpy.asarray([len(lengths) for lengths in dataset["seq_lengths"]], dtype=numpy.int64)
     ids = ids_by_position(dataset, id_column).numpy()
     first = numpy.zeros(int(ids.max()) + 1 if ids.size else 0, dtype=numpy.int64)
     first[ids] = numpy.cumsum(counts) - counts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -10,10 +11,19 @@ from ._optional import require
 
 timm = require("timm", "hf_selective_backprop.models (timm image models)")
 
-from transformers import TimmWrapperConfig, TimmWrapperForImageClassification  # noqa: E402
+from transformers import (  # noqa: E402
+    MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING,
+    AutoConfig,
+    AutoModelForImageClassification,
+    PreTrainedModel,
+    TimmWrapperConfig,
+    TimmWrapperForImageClassification,
+)
 
 # Registers the 32x32-native networks (cifar_resnet20, cifar_convnet_half, ...) as timm architectures.
 from . import cifar_nets  # noqa: E402,F401
+
+logger = logging.getLogger(__name__)
 
 # The parts of timm's pretrained config that describe inputs and heads; URLs, licences
 # and test-time sizes of the ImageNet weights would only mislead for a CIFAR-sized model.
@@ -32,6 +42,15 @@ class ModelArguments:
         default=False,
         metadata={"help": "Start from timm's pretrained weights (downloaded from the Hub)."},
     )
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Fine-tune a saved image classifier: a folder that scripts/train.py or save_pretrained wrote "
+            "(TimmWrapper or any AutoModelForImageClassification), or a Hub id. Its architecture replaces --model; "
+            "its classifier is kept when the label count matches the data's, else a new head is initialised (the "
+            "log says so)."
+        },
+    )
     drop_rate: float | None = field(
         default=None, metadata={"help": "Dropout before the classifier (default: the architecture's)."}
     )
@@ -39,6 +58,16 @@ class ModelArguments:
     def __post_init__(self):
         if self.drop_rate is not None and not 0.0 <= self.drop_rate < 1.0:
             raise ValueError(f"--drop_rate must be in [0, 1), got {self.drop_rate!r}")
+        if self.model_name_or_path is not None and self.pretrained:
+            raise ValueError(
+                "--pretrained loads timm's weights for --model, --model_name_or_path loads a saved classifier: "
+                "pass one of them"
+            )
+
+    @property
+    def name(self) -> str:
+        """What the run starts from, for logs and benchmark records."""
+        return self.model_name_or_path if self.model_name_or_path is not None else self.model
 
 
 def build_model(
@@ -52,10 +81,17 @@ def build_model(
 ) -> TimmWrapperForImageClassification:
     """A classifier whose config carries everything needed to use it again offline.
 
+    With ``model_args.model_name_or_path`` the saved classifier is loaded instead (`load_classifier`).
+
     ``pretrained_cfg`` records the input size and normalization, so `save_pretrained`
     followed by `AutoImageProcessor.from_pretrained` / `AutoModelForImageClassification
     .from_pretrained` on the folder rebuilds both without the network.
     """
+    names = list(label_names) if label_names is not None else [str(i) for i in range(num_labels)]
+    if len(names) != num_labels:
+        raise ValueError(f"{len(names)} label names for {num_labels} labels")
+    if model_args.model_name_or_path is not None:
+        return load_classifier(model_args.model_name_or_path, names, image_size, mean, std, in_chans)
     architecture = model_args.model
     if not timm.is_model(architecture):
         close = difflib.get_close_matches(architecture, timm.list_models(), n=3)
@@ -66,9 +102,6 @@ def build_model(
     height, width = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
     if len(mean) != in_chans or len(std) != in_chans:
         raise ValueError(f"mean/std need {in_chans} values (in_chans), got {len(mean)} and {len(std)}")
-    names = list(label_names) if label_names is not None else [str(i) for i in range(num_labels)]
-    if len(names) != num_labels:
-        raise ValueError(f"{len(names)} label names for {num_labels} labels")
 
     default_cfg = timm.get_pretrained_cfg(architecture)
     default_cfg = default_cfg.to_dict() if default_cfg is not None else {}
@@ -104,4 +137,58 @@ def build_model(
         # stem to in_chans and the head to num_labels.
         weights = timm.create_model(architecture, pretrained=True, num_classes=num_labels, **model_kwargs)
         model.timm_model.load_state_dict(weights.state_dict())
+    return model
+
+
+def load_classifier(
+    name_or_path: str,
+    label_names: Sequence[str],
+    image_size: int | Sequence[int],
+    mean: Sequence[float],
+    std: Sequence[float],
+    in_chans: int = 3,
+) -> PreTrainedModel:
+    """A saved image classifier to fine-tune on ``label_names``: its backbone as saved, its head kept when the
+    label count matches, else re-initialised. The config records the data's input size and normalization, as
+    `build_model`'s does, so the fine-tuned folder reloads offline with the preprocessing it was trained with."""
+    try:
+        config = AutoConfig.from_pretrained(name_or_path)
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"--model_name_or_path {name_or_path!r} is neither a saved model folder (one with config.json) nor a "
+            f"Hub id that could be loaded: {error}"
+        ) from error
+    kind = type(config).__name__
+    if type(config) not in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING:
+        raise ValueError(
+            f"--model_name_or_path {name_or_path!r} is a {config.model_type!r} model ({kind}), not an image "
+            "classifier: pass a folder scripts/train.py wrote or an AutoModelForImageClassification checkpoint"
+        )
+    saved_labels = config.num_labels
+    count = len(label_names)
+    model = AutoModelForImageClassification.from_pretrained(
+        name_or_path,
+        num_labels=count,
+        id2label=dict(enumerate(label_names)),
+        label2id={label: i for i, label in enumerate(label_names)},
+        ignore_mismatched_sizes=saved_labels != count,
+    )
+    if saved_labels != count:
+        logger.warning(
+            "--model_name_or_path %s: its head has %d labels, the data %d: a new %d-way head is initialised "
+            "(the backbone's weights are loaded as saved)", name_or_path, saved_labels, count, count
+        )
+    else:
+        logger.info("--model_name_or_path %s: backbone and %d-way head loaded as saved", name_or_path, count)
+    if isinstance(model, TimmWrapperForImageClassification):
+        # TimmWrapperConfig saves a loaded `label_names` over id2label: the checkpoint's names would come back.
+        model.config.label_names = list(label_names)
+        height, width = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        model.config.pretrained_cfg = {
+            **(model.config.pretrained_cfg or {}),
+            "input_size": (in_chans, height, width),
+            "mean": tuple(mean),
+            "std": tuple(std),
+            "num_classes": count,
+        }
     return model

@@ -31,7 +31,7 @@ def image_workload(data_args, model_args, seed: int) -> Workload:
         train=data.train,
         eval=data.eval,
         dataset_id=data.dataset_id,
-        model_name=model_args.model,
+        model_name=model_args.name,
         build_model=lambda: build_model(
             model_args, data.num_labels, data.image_size, data.mean, data.std, data.num_channels, data.label_names
         ),

@@ -37,6 +37,14 @@ class DataArguments:
             "integer labels of the train and eval splits (0..max), which must then use every id in between."
         },
     )
+    classes: str | None = field(
+        default=None,
+        metadata={
+            "help": "Comma-separated class ids to keep (e.g. 5,6,7,8,9), relabelled 0..K-1 in the order given, in the "
+            "train and eval splits alike; a row's id stays its position in the split. For a transfer task: pretrain "
+            "on some classes, fine-tune on the others. Default: every class."
+        },
+    )
     train_split: str = field(default="train", metadata={"help": "Split to train on."})
     eval_split: str | None = field(
         default="test", metadata={"help": "Split to evaluate on ('' or 'none': no evaluation)."}
@@ -100,5 +108,21 @@ class DataArguments:
             raise ValueError("--train_on holdout needs a --holdout_fraction > 0 (the share of rows held out)")
         if self.cutout is not None and self.cutout < 0:
             raise ValueError(f"--cutout must be >= 0, got {self.cutout}")
+        if self.classes is not None:
+            self.class_ids()  # refused here, before anything is read
         if self.eval_split is not None and self.eval_split.lower() in ("", "none"):
             self.eval_split = None
+
+    def class_ids(self) -> list[int] | None:
+        """--classes as a list of ids (None: every class)."""
+        if self.classes is None:
+            return None
+        parts = [part.strip() for part in str(self.classes).split(",") if part.strip()]
+        if not parts or not all(part.isdigit() for part in parts):
+            raise ValueError(f"--classes must be comma-separated class ids >= 0 (e.g. 5,6,7,8,9), got {self.classes!r}")
+        ids = [int(part) for part in parts]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"--classes names a class twice: {self.classes!r}")
+        if len(ids) < 2:
+            raise ValueError(f"--classes must keep at least 2 classes to classify, got {self.classes!r}")
+        return ids

@@ -150,9 +150,18 @@ def load_image_data(args: DataArguments, seed: int = 0, index_column: str = "ind
 
     train_rows = _first(train_split, args.max_train_samples)
     train_labels = _labels(train_rows, label_column, label_names, declared_by, f"--train_split {args.train_split!r}")
+    # First N rows of the split, so ids are 0..N-1 and equal positions in the original split.
+    ids = torch.arange(len(train_rows))
     if eval_split is not None:
         eval_rows = _first(eval_split, args.max_eval_samples)
         eval_labels = _labels(eval_rows, label_column, label_names, declared_by, f"--eval_split {args.eval_split!r}")
+    kept_classes = args.class_ids()
+    if kept_classes is not None:
+        # Before decoding, so the images of dropped classes are never decoded.
+        label_names = _kept_label_names(label_names, kept_classes)
+        ids, train_rows, train_labels = _keep_classes(train_rows, train_labels, kept_classes, "--train_split")
+        if eval_split is not None:
+            _, eval_rows, eval_labels = _keep_classes(eval_rows, eval_labels, kept_classes, "--eval_split")
 
     size = (args.image_size,) * 2 if args.image_size else ((spec.image_size,) * 2 if spec.image_size else None)
     train_images = _decode(train_rows, image_column, args.num_channels, size, f"{source} [{args.train_split}]")
@@ -172,12 +181,13 @@ def load_image_data(args: DataArguments, seed: int = 0, index_column: str = "ind
         cutout=spec.cutout if args.cutout is None else args.cutout,
         seed=seed,
     )
-    # First N rows of the split, so ids are 0..N-1 and equal positions in the original split.
-    ids = torch.arange(len(train_images))
+    noisy = ids[noisy]  # flip_labels gives positions; the record keeps ids (they differ under --classes)
     holdout = None
     if args.holdout_fraction:
-        holdout = holdout_positions(len(ids), args.holdout_fraction, args.holdout_seed)
-        rows = holdout if args.train_on == "holdout" else ids[~torch.isin(ids, holdout)]
+        positions = torch.arange(len(ids))
+        held = holdout_positions(len(ids), args.holdout_fraction, args.holdout_seed)
+        rows = held if args.train_on == "holdout" else positions[~torch.isin(positions, held)]
+        holdout = ids[held]
         logger.info("holdout: %d of %d rows held out; training on %d (%s)", len(holdout), len(ids), len(rows),
                     args.train_on)
         train_images, train_labels, ids = train_images[rows], train_labels[rows], ids[rows]
@@ -313,6 +323,28 @@ def _label_names(
         " and ".join(used),
     )
     return [str(label) for label in range(num_classes)], f"the ids found in column {column!r}"
+
+
+def _kept_label_names(label_names: list[str], kept: list[int]) -> list[str]:
+    unknown = [class_id for class_id in kept if class_id >= len(label_names)]
+    if unknown:
+        raise ValueError(
+            f"--classes names {_preview(unknown)}, but the dataset has {len(label_names)} classes "
+            f"(ids 0..{len(label_names) - 1}: {_preview(label_names)})"
+        )
+    return [label_names[class_id] for class_id in kept]
+
+
+def _keep_classes(
+    rows: datasets.Dataset, labels: torch.Tensor, kept: list[int], flag: str
+) -> tuple[torch.Tensor, datasets.Dataset, torch.Tensor]:
+    """The positions, rows and relabelled labels (``kept[i]`` -> i) of the rows whose class is kept."""
+    positions = torch.nonzero(torch.isin(labels, torch.tensor(kept)), as_tuple=True)[0]
+    if len(positions) == 0:
+        raise ValueError(f"{flag}: no row belongs to --classes {','.join(map(str, kept))}")
+    lookup = torch.full((max(int(labels.max()), *kept) + 1,), -1, dtype=labels.dtype)
+    lookup[torch.tensor(kept)] = torch.arange(len(kept), dtype=labels.dtype)
+    return positions, rows.select(positions.tolist()), lookup[labels[positions]]
 
 
 def _first(split: datasets.Dataset, count: int | None) -> datasets.Dataset:

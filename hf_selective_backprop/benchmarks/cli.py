@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -28,7 +29,10 @@ class BenchmarkArguments(RunSettings):
         default=",".join(DEFAULT_STRATEGIES),
         metadata={
             "help": "Comma-separated: traditional, sb, stale-sb, sb-warmup, kath18, composer, composer-card, "
-            "uniform, uniform-for-<strategy> (uniform at --keep, named as the control of that strategy), topk, "
+            "uniform, uniform-for-<strategy> (the random-subset control of that strategy: uniform at the backward "
+            "fraction it realised in this --output_dir, read from <strategy>.json when the control starts, so list "
+            "it after the strategy; at --keep when there is no such log or with --interleave), topk, "
+            "<strategy>-keep<fraction> (that strategy at another kept fraction than --keep, e.g. sb-keep0.5), "
             "infobatch, infobatch-r<ratio>, rholoss, rholoss-cdf, stale-rholoss, sb-anneal, sb-anneal-floor, "
             "sb-anneal-weighted, stale-sb-anneal."
         },
@@ -117,6 +121,20 @@ def paper_strategies(paper_dir: str, strategies: list[Strategy]) -> list[Strateg
     return chosen
 
 
+def matched_control(strategy: Strategy, output_dir: str) -> Strategy:
+    """``uniform-for-<name>`` at the backward fraction (backward passes per example read) that ``<name>`` realised
+    in ``output_dir``, once its log is there; any other strategy as it is."""
+    controlled = strategy.name.removeprefix("uniform-for-")
+    path = os.path.join(output_dir, f"{controlled}.json")
+    if controlled == strategy.name or not os.path.isfile(path):
+        return strategy
+    with open(path) as handle:
+        stats = json.load(handle)["stats"]
+    fraction = stats["backwards"] / stats["examples_seen"]
+    label = f"Uniform, keep {fraction:.2f} (control of {controlled})"
+    return Strategy(strategy.name, label, {**strategy.overrides, "sb_keep": fraction})
+
+
 def plan_epochs(args: BenchmarkArguments, strategies: list[Strategy]) -> dict[str, tuple[float, dict]]:
     """Epochs per strategy, with what the log should record about how they were chosen."""
     if args.protocol == "paper":
@@ -191,6 +209,7 @@ def main(args: BenchmarkArguments, load_workload: Callable[[int], Workload]) -> 
             run_interleaved(jobs, workload, settings, done)
         else:
             for strategy, epochs, extra in jobs:
+                strategy = matched_control(strategy, args.output_dir)
                 progress.set_postfix_str(f"{strategy.name} ({epochs:g} epochs)")
                 try:
                     log = run_strategy(strategy, workload, settings, epochs, extra)

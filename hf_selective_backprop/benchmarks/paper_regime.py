@@ -202,6 +202,62 @@ def plateau_table(seeds: dict[str, dict[str, dict]]) -> str:
     return "\n".join(lines)
 
 
+def redundancy_table(seeds: dict[str, dict[str, dict]]) -> str:
+    """Traditional's redundancy after each evaluation, mean over seeds: the share of training rows it already fits
+    (loss below `runner.FIT_LOSS`) and below the median loss of its first evaluation. Empty without those fields."""
+    runs = [logs[BASELINE]["evals"] for logs in seeds.values() if BASELINE in logs]
+    runs = [evals for evals in runs if "train_below_first_median_share" in evals[0]]
+    if not runs:
+        return ""
+    lines = [
+        "| epoch | share of training rows with loss < 0.1 | share below the first evaluation's median loss | "
+        "training accuracy |",
+        "|---|---|---|---|",
+    ]
+    for position in range(min(len(evals) for evals in runs)):
+        entries = [evals[position] for evals in runs]
+        low = _spread([100 * e["train_low_loss_share"] for e in entries])
+        below = _spread([100 * e["train_below_first_median_share"] for e in entries])
+        accuracy = _spread([100 * e["train_accuracy"] for e in entries])
+        lines.append(f"| {entries[0]['epoch']:g} | {_fmt(low)} % | {_fmt(below)} % | {_fmt(accuracy)} % |")
+    return "\n".join(lines)
+
+
+def target_table(rows: list[dict], seeds: dict[str, dict[str, dict]], min_speedup: float = 1.3,
+                 min_gap: float = 0.5) -> str:
+    """Which strategies reach Traditional's final accuracy (within its seed spread) at least ``min_speedup`` x
+    sooner in training time, and end at least ``min_gap`` points above their uniform control in every seed."""
+    base = next((row for row in rows if row["strategy"] == BASELINE), None)
+    if base is None:
+        return ""
+    floor = base["accuracy"][0] - base["accuracy"][1]
+    lines = [
+        f"| strategy | final accuracy >= Traditional's mean - sd ({floor:.2f} %) | time vs Traditional >= "
+        f"{min_speedup:g}x | lowest margin over its control, per seed (points) >= {min_gap:g} | all three |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        name = row["strategy"]
+        if name == BASELINE or name.startswith(CONTROL_PREFIX):
+            continue
+        gaps = [
+            100 * (final_error(logs[CONTROL_PREFIX + name]) - final_error(logs[name]))
+            for logs in seeds.values()
+            if name in logs and CONTROL_PREFIX + name in logs
+        ]
+        accurate = row["accuracy"][0] >= floor
+        fast = row["wall_ratio"] is not None and row["wall_ratio"][0] >= min_speedup
+        above = bool(gaps) and min(gaps) >= min_gap
+        ratio = "-" if row["wall_ratio"] is None else f"{row['wall_ratio'][0]:.2f}x"
+        margin = "no control" if not gaps else f"{min(gaps):+.2f}"
+        lines.append(
+            f"| {row['label']} | {'yes' if accurate else 'no'} ({row['accuracy'][0]:.2f} %) | "
+            f"{'yes' if fast else 'no'} ({ratio}) | {'yes' if above else 'no'} ({margin}) | "
+            f"{'**met**' if accurate and fast and above else 'no'} |"
+        )
+    return "\n".join(lines)
+
+
 def load_sweep(root: str) -> dict[float, dict[str, dict]]:
     """{epochs: {strategy: log}}: every ``sweep/epochs<E>`` folder, plus the seed-0 full-length runs."""
     budgets = {}
@@ -356,6 +412,17 @@ def write_paper_regime_report(root: str, title: str) -> str:
         f"accuracy within {100 * TEST_MAX_DEVIATION:.1f} points of its final value throughout the last "
         f"{TEST_SHARE:.0%}.\n",
     ]
+    redundancy = redundancy_table(seeds)
+    if redundancy:
+        parts += [
+            "## How redundant the data is for Traditional\n",
+            redundancy,
+            "\nMean ± standard deviation over seeds, on the first training rows without augmentation, at every "
+            "evaluation: the examples a backward pass would teach little.\n",
+        ]
+    targets = target_table(rows, seeds)
+    if targets:
+        parts += ["## Does a strategy beat both Traditional's time and its random subset?\n", targets, ""]
     budgets = load_sweep(root)
     if budgets:
         points = sweep_points(budgets)

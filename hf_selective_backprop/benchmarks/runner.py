@@ -175,6 +175,8 @@ class BenchmarkTrainer(SelectiveBackpropTrainer):
         #: (pixel_values, labels) of unaugmented training rows whose fit every evaluation also measures (None:
         #: the test split only); decoded once, as the eval transform is deterministic.
         self.fit_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+        #: The median loss on `fit_rows` at the first evaluation: later evaluations count the rows below it.
+        self.first_median_loss: float | None = None
         self.add_callback(_TimingCallback(self))
 
     def training_step(self, model, inputs, num_items_in_batch=None):
@@ -226,17 +228,26 @@ class BenchmarkTrainer(SelectiveBackpropTrainer):
         was_training = model.training
         model.eval()
         pixels, labels = self.fit_rows
-        correct = low = 0
+        correct = 0
+        losses = []
         with self.clock.excluded(), torch.no_grad():
             for start in range(0, len(labels), self.args.per_device_eval_batch_size):
                 stop = start + self.args.per_device_eval_batch_size
                 targets = labels[start:stop].to(self.args.device)
                 logits = model(pixel_values=pixels[start:stop].to(self.args.device)).logits
-                losses = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
+                losses.append(torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none").cpu())
                 correct += int((logits.argmax(-1) == targets).sum())
-                low += int((losses < FIT_LOSS).sum())
         model.train(was_training)
-        return {"train_accuracy": correct / len(labels), "train_low_loss_share": low / len(labels)}
+        losses = torch.cat(losses)
+        if self.first_median_loss is None:
+            self.first_median_loss = float(losses.median())
+        return {
+            "train_accuracy": correct / len(labels),
+            "train_low_loss_share": float((losses < FIT_LOSS).float().mean()),
+            # Redundancy as learning proceeds: rows now easier than the typical row was at the first evaluation.
+            "train_below_first_median_share": float((losses < self.first_median_loss).float().mean()),
+            "train_first_median_loss": self.first_median_loss,
+        }
 
 
 #: An example counts as learned below this loss (the share of such examples is convergence evidence).

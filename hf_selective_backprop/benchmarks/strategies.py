@@ -42,6 +42,17 @@ def build_strategy(
     rholoss-cdf, stale-rholoss; the last three score with ``reference_model`` (a folder scripts/train.py wrote)."""
     if name == "traditional":
         return Strategy(name, "Traditional", {"sb_strategy": "none"})
+    base, keyword, value = name.rpartition("-keep")
+    if keyword and base and not name.startswith("uniform-for-"):
+        # <strategy>-keep<k>: that strategy at another kept fraction than --keep (e.g. sb-keep0.5 beside sb).
+        try:
+            fraction = float(value)
+        except ValueError:
+            raise ValueError(f"strategy {name!r}: the kept fraction after -keep must be a number, got {value!r}")
+        strategy = build_strategy(base, fraction, staleness, warmup_epochs, reference_model)
+        if "sb_keep" not in strategy.overrides:
+            raise ValueError(f"strategy {name!r}: {base} has no kept fraction to set")
+        return Strategy(name, f"{strategy.label}, keep {fraction:g}", strategy.overrides)
     if name == "sb":
         return Strategy(name, "SB", {"sb_strategy": "sb", "sb_keep": keep})
     if name == "stale-sb":
@@ -97,5 +108,6 @@ def build_strategy(
     raise ValueError(
         f"unknown strategy {name!r}: choose from traditional, sb, stale-sb, sb-warmup, sb-train-mode, kath18, "
         f"composer, composer-card, uniform, uniform-for-<strategy>, topk, infobatch, infobatch-r<ratio>, "
+        f"<strategy>-keep<fraction>, "
         f"{', '.join(RHO_RULES)}, {', '.join(ANNEALED)}"
     )

@@ -1,0 +1,84 @@
+"""The fine-tuning benchmark's harness: strategies at another kept fraction, controls matched from their logs,
+and the report's redundancy and target tables."""
+
+import json
+
+import pytest
+
+from hf_selective_backprop.benchmarks.cli import matched_control
+from hf_selective_backprop.benchmarks.paper_regime import redundancy_table, summarize, target_table
+from hf_selective_backprop.benchmarks.strategies import build_strategy
+
+
+def test_a_keep_suffix_sets_that_strategys_kept_fraction_only():
+    strategy = build_strategy("sb-keep0.5", 1 / 3, 3, 1)
+    assert strategy.name == "sb-keep0.5" and strategy.overrides == {"sb_strategy": "sb", "sb_keep": 0.5}
+    assert build_strategy("topk-keep0.25", 1 / 3, 3, 1).overrides == {"sb_strategy": "topk", "sb_keep": 0.25}
+    assert build_strategy("sb", 1 / 3, 3, 1).overrides["sb_keep"] == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("infobatch-keep0.5", "infobatch has no kept fraction"), ("sb-keephalf", "must be a number"),
+])
+def test_a_keep_suffix_that_cannot_apply_is_refused(name, message):
+    with pytest.raises(ValueError, match=message):
+        build_strategy(name, 1 / 3, 3, 1)
+
+
+def test_a_control_takes_the_backward_fraction_its_strategy_realised_in_the_same_folder(tmp_path):
+    control = build_strategy("uniform-for-sb-keep0.5", 1 / 3, 3, 1)
+    assert matched_control(control, str(tmp_path)) is control  # no log yet: --keep, as before
+    (tmp_path / "sb-keep0.5.json").write_text(json.dumps({"stats": {"backwards": 120, "examples_seen": 300}}))
+    matched = matched_control(control, str(tmp_path))
+    assert matched.name == "uniform-for-sb-keep0.5"
+    assert matched.overrides == {"sb_strategy": "uniform", "sb_keep": pytest.approx(0.4)}
+    assert "0.40" in matched.label and "sb-keep0.5" in matched.label
+    other = build_strategy("sb", 1 / 3, 3, 1)
+    assert matched_control(other, str(tmp_path)) is other
+
+
+def run(strategy, errors, seconds, backwards, low=None, below=None):
+    evals = []
+    for i, (error, at) in enumerate(zip(errors, seconds, strict=True)):
+        entry = {"epoch": i + 1, "error": error, "accuracy": 1 - error, "train_wall_seconds": at}
+        if low is not None:
+            entry.update(train_low_loss_share=low[i], train_below_first_median_share=below[i],
+                         train_accuracy=1 - error)
+        evals.append(entry)
+    return {"strategy": strategy, "label": strategy.upper(), "evals": evals, "train_wall_seconds": seconds[-1],
+            "train_cpu_seconds": seconds[-1],
+            "stats": {"backwards": backwards, "examples_seen": 100, "selection_forwards": 0}}
+
+
+def seeds():
+    result = {}
+    for seed, (base_error, margin) in enumerate([(0.10, 0.6), (0.12, 0.4)]):
+        result[f"seed{seed}"] = {
+            "traditional": run("traditional", [0.2, base_error], [10, 20], 100, low=[0.4, 0.6 + seed / 10],
+                               below=[0.5, 0.7]),
+            "fast": run("fast", [0.2, base_error], [5, 10], 40),
+            "slow": run("slow", [0.3, base_error - 0.01], [10, 19], 90),
+            "uniform-for-fast": run("uniform-for-fast", [0.2, base_error + margin / 100], [4, 8], 40),
+            "uniform-for-slow": run("uniform-for-slow", [0.3, base_error + 0.02], [9, 18], 90),
+        }
+    return result
+
+
+def test_the_redundancy_table_averages_traditionals_shares_over_seeds():
+    table = redundancy_table(seeds())
+    assert "| 1 | 40.0 ± 0.0 % | 50.0 ± 0.0 % | 80.0 ± 0.0 % |" in table
+    assert "| 2 | 65.0 ± 7.1 % | 70.0 ± 0.0 % |" in table
+    assert redundancy_table({"seed0": {"sb": run("sb", [0.1], [1], 10)}}) == ""
+
+
+def test_the_target_needs_accuracy_speed_and_a_margin_over_the_control_in_every_seed():
+    data = seeds()
+    table = target_table(summarize(data), data)
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
+    # FAST: as accurate, 2x sooner, but only 0.4 points over its control in seed 1.
+    assert "yes (2.00x)" in rows["FAST"] and "no (+0.40)" in rows["FAST"] and rows["FAST"].endswith("| no |")
+    # SLOW: 1 point more accurate and 3 points over its control in both seeds, but not 1.3x sooner.
+    assert "no (1.05x)" in rows["SLOW"] and "yes (+3.00)" in rows["SLOW"]
+    data["seed1"]["uniform-for-fast"] = run("uniform-for-fast", [0.2, 0.13], [4, 8], 40)
+    table = target_table(summarize(data), data)
+    assert "**met**" in next(line for line in table.splitlines() if line.startswith("| FAST"))

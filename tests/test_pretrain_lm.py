@@ -1,0 +1,54 @@
+"""scripts/pretrain_lm.py: the task-adaptive pretrained stand-ins that the fine-tuning benchmark fine-tunes."""
+
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+from text_tiny import write_review_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pretrain(folder, output_dir, *flags):
+    argv = ["pretrain_lm.py", "--dataset", str(folder), "--text_column", "review", "--splits", "train,validation",
+            "--num_layers", "1", "--hidden_size", "16", "--num_heads", "2", "--intermediate_size", "32",
+            "--vocab_size", "200", "--num_train_epochs", "1", "--per_device_train_batch_size", "16",
+            "--use_cpu", "true", "--disable_tqdm", "true", "--output_dir", str(output_dir), *flags]
+    old = sys.argv
+    sys.argv = argv
+    try:
+        runpy.run_path(str(ROOT / "scripts" / "pretrain_lm.py"), run_name="__main__")
+    finally:
+        sys.argv = old
+
+
+def test_masked_lm_pretraining_gives_an_encoder_that_a_classifier_loads(tmp_path):
+    data = write_review_folder(tmp_path / "reviews")
+    pretrain(data, tmp_path / "bert", "--objective", "mlm")
+    saved = load_file(tmp_path / "bert" / "model.safetensors")
+    assert (tmp_path / "bert" / "train_results.json").is_file()
+    classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path / "bert", num_labels=2)
+    loaded = classifier.state_dict()
+    encoder = [name for name in saved if name.startswith("bert.encoder.") or name.startswith("bert.embeddings.")]
+    assert encoder and all(torch.equal(loaded[name], saved[name]) for name in encoder)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "bert")
+    assert tokenizer.mask_token is not None and len(tokenizer) <= 200
+
+
+def test_causal_pretraining_gives_a_language_model_and_its_tokenizer(tmp_path):
+    data = write_review_folder(tmp_path / "reviews")
+    pretrain(data, tmp_path / "gpt2", "--objective", "causal")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "gpt2")
+    assert model.config.model_type == "gpt2" and model.config.n_layer == 1
+    assert AutoTokenizer.from_pretrained(tmp_path / "gpt2").vocab_size == model.config.vocab_size
+
+
+def test_a_split_the_dataset_lacks_is_refused_naming_the_flag(tmp_path):
+    data = write_review_folder(tmp_path / "reviews")
+    with pytest.raises(ValueError, match=r"--splits names \['test'\]"):
+        pretrain(data, tmp_path / "bert", "--splits", "train,test")

@@ -10,6 +10,7 @@ refresh), logging and checkpoints.
 
 from __future__ import annotations
 
+import sys
 import time
 from functools import partial
 
@@ -20,7 +21,7 @@ from transformers.trainer_utils import has_length
 from . import _compat, loss_check, parallelism
 from .cards import write_trainer_card
 from .config import check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
-from .engine import SelectionEngine, reference, rotation, run_record, state_files, streams
+from .engine import SelectionEngine, budget, distributed, reference, rotation, run_record, state_files, streams
 from .engine.accounting import STATS_FILE, WALL_CLOCK_FIGURES, finish_run, run_summary
 from .engine.callback import SelectionFlowCallback
 from .engine.data_state import DataState
@@ -76,6 +77,7 @@ class SelectiveBackpropMixin:
         self.per_example_loss_func = per_example_loss_func or self._automatic_per_example_loss(smoothing)
         self.selector = selector
         reference.refuse_unused(reference_model, self.selector, self.args.sb_strategy)
+        budget.refuse_unsized(self.args, self.train_dataset)
         if self.selector is None:
             return  # the Trainer itself, callbacks, rotation and checkpoint files included
         self._step_extras = StepExtras(self.args.sb_index_column)
@@ -186,15 +188,29 @@ class SelectiveBackpropMixin:
     def set_initial_training_values(self, args, dataloader):
         values = super().set_initial_training_values(args, dataloader)
         if self.selector is None:
-            return values
+            if args.sb_budget is None:
+                return values
+            # The budget-matched plain run: F of the full run's steps, which the Trainer's schedule then spans.
+            values = _compat.training_values(values)
+            self._full_steps = values.max_steps
+            return values._replace(max_steps=budget.plain_steps(args, values.max_steps))
         values = _compat.training_values(values)
         self._run_length = RunLength.for_run(
             args, self.selector.expected_keep_fraction(), dataloader, values.num_examples,
             self.accelerator.num_processes, _compat.train_batch_size(self), self._selection_batch_size(),
         )
-        self.engine.set_run_length(epoch_based=has_length(dataloader) and args.max_steps <= 0)
+        epoch_based = has_length(dataloader) and args.max_steps <= 0
+        plan = None
+        if args.sb_budget is not None:
+            stats = self.engine.stats  # the reference pass, scored before this ('rholoss')
+            scored = distributed.sum_over_processes(self.accelerator, {"rows": stats.reference_forwards})["rows"]
+            plan = budget.plan(args, self._run_length, self.selector, self.accelerator.num_processes, epoch_based,
+                               scored)
+        self.engine.set_run_length(epoch_based, plan)
         if has_length(dataloader):  # a stream keeps the Trainer's values: it is step-based
             values = self._run_length.loop_values(values, args, self.engine.epoch_based)
+        if plan is not None:
+            values = values._replace(num_train_epochs=sys.maxsize, max_steps=plan.steps)  # it ends by cost
         self._expected_steps = values.max_steps
         return values
 

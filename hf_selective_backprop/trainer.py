@@ -68,6 +68,8 @@ class SelectiveBackpropMixin:
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
         given = selective_arguments(args, kwargs)
         selector = build_selector(given) if given is not None else None
+        # Before the Trainer's own refusal of a stream without max_steps, which does not name the budget.
+        budget.refuse_unsized(given, kwargs.get("train_dataset", args[3] if len(args) > 3 else None))
         self._refuse_before_data(given, selector, per_example_loss_func)
         super().__init__(*args, **kwargs)
         check_trainer_arguments(self, per_example_loss_func)
@@ -77,7 +79,6 @@ class SelectiveBackpropMixin:
         self.per_example_loss_func = per_example_loss_func or self._automatic_per_example_loss(smoothing)
         self.selector = selector
         reference.refuse_unused(reference_model, self.selector, self.args.sb_strategy)
-        budget.refuse_unsized(self.args, self.train_dataset)
         if self.selector is None:
             return  # the Trainer itself, callbacks, rotation and checkpoint files included
         self._step_extras = StepExtras(self.args.sb_index_column)
@@ -318,9 +319,13 @@ class SelectiveBackpropMixin:
 
     def selection_summary(self) -> dict:
         """The run's counters summed over processes, with derived figures (a collective)."""
-        return run_summary(self.accelerator, self.engine.stats, getattr(self, "_train_start", None))
+        summary = run_summary(self.accelerator, self.engine.stats, getattr(self, "_train_start", None))
+        return {**summary, **self.engine.budget_summary()}
 
     def log(self, logs, start_time=None):
+        if self.selector is None and self.args.sb_budget is not None and ("loss" in logs or "train_runtime" in logs):
+            # A plain run's cost is its steps: the share of the full run's spent.
+            logs = {**logs, "sb/budget_spent": self.state.global_step / self._full_steps}
         if self.selector is not None and ("loss" in logs or "train_runtime" in logs):
             # Counters only: wall-clock figures differ between a resumed and an uninterrupted run, so
             # they are in train()'s metrics and sb_stats.json, not in the log history.

@@ -368,6 +368,13 @@ class SelectionEngine:
             return min(self.epochs_read() / self.args.num_train_epochs, 1.0)
         return min(global_step / max_steps, 1.0)
 
+    def budget_summary(self) -> dict:
+        """A budget run's plan and the share of the full run's cost spent so far (empty without a budget)."""
+        if self.budget is None:
+            return {}
+        return {"budget": self.budget.budget, "cost_phi": self.budget.phi,
+                "budget_spent": self.budget_spent / self.budget.full_cost}
+
     # ---- steps -------------------------------------------------------------------------------
 
     def selection_on(self, global_step: int, progress: float, max_steps: int) -> bool:

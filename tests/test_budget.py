@@ -1,0 +1,178 @@
+"""--sb_budget: a run sized to a share of the full run's cost, its schedule ending inside it."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+from launch import launch
+from tiny import TinyClassifier, make_config, make_dataset
+from transformers import HfArgumentParser, TrainerCallback
+
+from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
+from hf_selective_backprop.engine.budget import DEFAULT_PHI
+from hf_selective_backprop.engine.checkpoints import STATE_FILE
+from hf_selective_backprop.trainer import STATS_FILE
+
+N, BATCH, EPOCHS = 256, 8, 4
+FULL_COST = EPOCHS * N  # plain training backpropagates every example read
+
+
+class _LearningRates(TrainerCallback):
+    """The learning rate after each optimizer step's scheduler step (what the next step would use)."""
+
+    def __init__(self):
+        self.seen = []
+
+    def on_step_end(self, args, state, control, lr_scheduler=None, **kwargs):
+        self.seen.append(lr_scheduler.get_last_lr()[0])
+
+
+def _train(output_dir, dataset=None, resume=None, **settings):
+    settings = {"num_train_epochs": EPOCHS, "per_device_train_batch_size": BATCH, "lr_scheduler_type": "linear",
+                "logging_steps": 5, **settings}
+    rates = _LearningRates()
+    trainer = SelectiveBackpropTrainer(
+        model=TinyClassifier(), args=make_config(str(output_dir), **settings),
+        train_dataset=dataset if dataset is not None else make_dataset(N), callbacks=[rates],
+    )
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer, rates.seen
+
+
+def _counted(stats: dict, phi: float = DEFAULT_PHI) -> float:
+    return stats["backwards"] + phi * (stats["selection_forwards"] + stats["reference_forwards"])
+
+
+@pytest.mark.parametrize("warmup_steps", [0.0, 0.25])
+def test_none_with_half_the_budget_takes_half_the_steps_and_ends_its_schedule(tmp_path, warmup_steps):
+    full, full_rates = _train(tmp_path / "full", sb_strategy="none", warmup_steps=warmup_steps)
+    half, rates = _train(tmp_path / "half", sb_strategy="none", warmup_steps=warmup_steps, sb_budget=0.5)
+    assert full.state.global_step == EPOCHS * N // BATCH
+    assert half.state.global_step == full.state.global_step // 2
+    # The schedule spans the shortened run: it reaches its end (0 for linear) at the last step, not half-way.
+    assert rates[-1] == 0.0
+    assert rates[len(rates) // 2 - 1] == pytest.approx(full_rates[len(full_rates) // 2 - 1], rel=1e-6)
+    assert min(rates[:-1]) > 0.0
+    logged = [log["sb/budget_spent"] for log in half.state.log_history if "sb/budget_spent" in log]
+    assert logged and logged[-1] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("settings", [
+    dict(sb_strategy="sb"),
+    dict(sb_strategy="sb", sb_staleness=2),
+    dict(sb_strategy="uniform", sb_keep=0.5),
+    dict(sb_strategy="topk", sb_cost_phi=0.5),
+    dict(sb_strategy="sb", sb_warmup_epochs=1, sb_budget=0.75),
+], ids=["sb", "stale-sb", "uniform", "topk-phi", "warmup"])
+def test_a_selective_run_spends_its_budget_within_two_percent(tmp_path, settings):
+    settings = {"sb_budget": 0.5, **settings}
+    trainer, rates = _train(tmp_path, **settings)
+    stats = json.loads((tmp_path / STATS_FILE).read_text())
+    phi = settings.get("sb_cost_phi", DEFAULT_PHI)
+    target = settings["sb_budget"] * FULL_COST
+    assert _counted(stats, phi) == pytest.approx(target, rel=0.02)
+    assert stats["budget_spent"] == pytest.approx(_counted(stats, phi) / FULL_COST)
+    assert stats["budget"] == settings["sb_budget"] and stats["cost_phi"] == phi
+    assert rates[-1] == 0.0 and min(rates[:-1]) > 0.0  # the schedule ends at the last step, not before
+    assert trainer.state.global_step == stats["optimizer_steps"] == len(rates)
+    logged = [log["sb/budget_spent"] for log in trainer.state.log_history if "sb/budget_spent" in log]
+    assert len(logged) >= 2 and logged == sorted(logged)
+
+
+def test_a_max_steps_run_and_a_stream_are_sized_in_steps(tmp_path):
+    stream = make_dataset(N, with_index=True).with_format(None).to_iterable_dataset(num_shards=4).with_format("torch")
+    for name, dataset in (("map", None), ("stream", stream)):
+        trainer, rates = _train(tmp_path / name, dataset, sb_strategy="sb", sb_budget=0.5, max_steps=200)
+        stats = json.loads((tmp_path / name / STATS_FILE).read_text())
+        assert _counted(stats) == pytest.approx(0.5 * 200 * BATCH, rel=0.02), name
+        assert rates[-1] == 0.0, name
+
+
+def test_resume_keeps_the_plan_and_ends_at_the_same_step_with_the_same_weights(tmp_path):
+    settings = dict(sb_strategy="sb", sb_budget=0.5, save_strategy="steps", save_steps=5)
+    whole, _ = _train(tmp_path / "whole", **settings)
+    checkpoint = tmp_path / "whole" / "checkpoint-10"
+    saved = torch.load(checkpoint / STATE_FILE, weights_only=True)
+    assert saved["budget"] == whole.engine.budget.state_dict()
+    assert 0 < saved["budget_spent"] < whole.engine.budget_spent
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(checkpoint, resumed_dir / "checkpoint-10")
+    resumed, _ = _train(resumed_dir, resume=str(resumed_dir / "checkpoint-10"), **settings)
+    assert resumed.state.global_step == whole.state.global_step
+    assert resumed.engine.budget == whole.engine.budget
+    assert resumed.engine.budget_spent == whole.engine.budget_spent
+    for name, value in whole.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
+
+
+def test_a_resume_with_another_budget_is_refused(tmp_path):
+    _train(tmp_path, sb_strategy="sb", sb_budget=0.5, save_strategy="steps", save_steps=5)
+    with pytest.raises(ValueError, match="--sb_budget: saved 0.5, now 0.25"):
+        _train(tmp_path, resume=str(tmp_path / "checkpoint-10"), sb_strategy="sb", sb_budget=0.25)
+
+
+@pytest.mark.slow
+def test_two_processes_agree_on_the_plan_and_spend_the_budget(tmp_path):
+    ranks = launch(tmp_path, ["--budget", "0.5", "--epochs", "4", "--examples", "1024"])
+    first, second = ranks
+    assert first["budget"] is not None and first["budget"] == second["budget"]
+    assert first["budget_spent"] == second["budget_spent"]
+    assert first["global_step"] == second["global_step"]
+    stats = first["sb_stats"]  # summed over both ranks
+    assert _counted(stats) == pytest.approx(0.5 * first["budget"]["full_cost"], rel=0.02)
+
+
+def test_the_model_card_states_the_budget(tmp_path):
+    trainer, _ = _train(tmp_path, sb_strategy="uniform", sb_budget=0.5)
+    trainer.create_model_card()
+    card = (tmp_path / "README.md").read_text()
+    assert "| compute budget (`sb_budget`) | 0.5 of the full run's cost |" in card
+    spent = trainer.sb_stats["budget_spent"]
+    assert f"| budget spent (share of the full run's cost) | {spent:,.2f} |" in card
+
+
+@pytest.mark.parametrize("flags, match", [
+    (["--sb_budget", "0"], "--sb_budget must be in"),
+    (["--sb_budget", "1.5"], "--sb_budget must be in"),
+    (["--sb_budget", "nan"], "--sb_budget must be in"),
+    (["--sb_budget", "0.5", "--sb_cost_phi", "0"], "--sb_cost_phi must be"),
+    (["--sb_cost_phi", "0.5"], "--sb_cost_phi prices selection forwards for --sb_budget"),
+])
+def test_bad_values_are_refused_naming_the_flag(tmp_path, flags, match):
+    parser = HfArgumentParser(SelectiveBackpropConfig)
+    with pytest.raises(ValueError, match=match):
+        parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), *flags])
+
+
+def test_the_flag_parses(tmp_path):
+    (config,) = HfArgumentParser(SelectiveBackpropConfig).parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--sb_budget", "0.5", "--sb_cost_phi", "0.4"]
+    )
+    assert (config.sb_budget, config.sb_cost_phi) == (0.5, 0.4)
+
+
+@pytest.mark.parametrize("strategy", ["none", "sb"])
+def test_a_stream_of_unknown_length_is_refused_naming_the_flag(tmp_path, strategy):
+    stream = make_dataset(N, with_index=True).with_format(None).to_iterable_dataset(num_shards=4)
+    with pytest.raises(ValueError, match="--sb_budget 0.5 is a share of the full run's cost"):
+        SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=stream,
+                                 args=make_config(str(tmp_path), sb_strategy=strategy, sb_budget=0.5))
+
+
+def test_the_budget_plan_matches_the_cost_model():
+    """SB keeping a third, phi 1/3: a trained row costs 1 + (1/3) x 3 = 2 steps' worth, so half the full run's
+    cost buys a quarter of its rows trained, read over 3/4 of its epochs."""
+    from hf_selective_backprop.engine.budget import plan
+    from hf_selective_backprop.engine.run_length import RunLength
+    from hf_selective_backprop.selectors import build_selector
+
+    args = make_config("unused", sb_strategy="sb", sb_budget=0.5, num_train_epochs=4)
+    length = RunLength(N, N // BATCH, BATCH, BATCH, 1 / 3, 1.0, 0)
+    made = plan(args, length, build_selector(args), 1, True, 0)
+    assert made.full_cost == FULL_COST and made.target == FULL_COST / 2
+    assert made.steps == math.floor(FULL_COST / 4 / BATCH)
+    assert made.epochs == pytest.approx(3.0)

@@ -109,6 +109,17 @@ def test_resume_keeps_the_plan_and_ends_at_the_same_step_with_the_same_weights(t
         assert torch.equal(value, resumed.model.state_dict()[name]), name
 
 
+def test_the_final_checkpoint_is_saved_and_a_resume_from_it_trains_no_more(tmp_path):
+    settings = dict(sb_strategy="sb", sb_budget=0.5, save_strategy="steps", save_steps=50)
+    whole, _ = _train(tmp_path, **settings)
+    last = whole.state.global_step
+    assert last % 50 and (tmp_path / f"checkpoint-{last}").is_dir()  # the budget's end, not a save step
+    weights = {k: v.clone() for k, v in whole.model.state_dict().items()}
+    again, rates = _train(tmp_path, resume=str(tmp_path / f"checkpoint-{last}"), **settings)
+    assert again.state.global_step == last and rates == []
+    assert all(torch.equal(v, again.model.state_dict()[k]) for k, v in weights.items())
+
+
 def test_a_resume_with_another_budget_is_refused(tmp_path):
     _train(tmp_path, sb_strategy="sb", sb_budget=0.5, save_strategy="steps", save_steps=5)
     with pytest.raises(ValueError, match="--sb_budget: saved 0.5, now 0.25"):

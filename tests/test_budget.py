@@ -187,3 +187,18 @@ def test_the_budget_plan_matches_the_cost_model():
     assert made.full_cost == FULL_COST and made.target == FULL_COST / 2
     assert made.steps == math.floor(FULL_COST / 4 / BATCH)
     assert made.epochs == pytest.approx(3.0)
+
+
+def test_benchmark_runs_take_the_budget(tmp_path):
+    from hf_selective_backprop.benchmarks.cli import BenchmarkArguments
+
+    (settings,) = HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--sb_budget", "0.25", "--sb_cost_phi", "0.4"]
+    )
+    config = settings.run_settings().config(str(tmp_path), 2, {"sb_strategy": "none"})
+    assert (config.sb_budget, config.sb_cost_phi) == (0.25, 0.4)
+    assert settings.logged()["sb_budget"] == 0.25
+    with pytest.raises(ValueError, match="--sb_budget must be in"):
+        HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses(
+            ["--output_dir", str(tmp_path), "--sb_budget", "2"]
+        )

@@ -67,7 +67,9 @@ def test_none_with_half_the_budget_takes_half_the_steps_and_ends_its_schedule(tm
     dict(sb_strategy="uniform", sb_keep=0.5),
     dict(sb_strategy="topk", sb_cost_phi=0.5),
     dict(sb_strategy="sb", sb_warmup_epochs=1, sb_budget=0.75),
-], ids=["sb", "stale-sb", "uniform", "topk-phi", "warmup"])
+    dict(sb_strategy="kath18"),
+    dict(sb_strategy="infobatch"),
+], ids=["sb", "stale-sb", "uniform", "topk-phi", "warmup", "kath18", "infobatch"])
 def test_a_selective_run_spends_its_budget_within_two_percent(tmp_path, settings):
     settings = {"sb_budget": 0.5, **settings}
     trainer, rates = _train(tmp_path, **settings)
@@ -202,3 +204,18 @@ def test_benchmark_runs_take_the_budget(tmp_path):
         HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses(
             ["--output_dir", str(tmp_path), "--sb_budget", "2"]
         )
+
+
+def test_the_reference_pass_is_paid_from_the_budget(tmp_path):
+    rates, n = _LearningRates(), 2 * N  # the run ends within half a step of the budget: 2 % of it at this size
+    trainer = SelectiveBackpropTrainer(
+        model=TinyClassifier(), reference_model=TinyClassifier(seed=1), callbacks=[rates], train_dataset=make_dataset(n),
+        args=make_config(str(tmp_path), sb_strategy="rholoss", sb_budget=0.5, num_train_epochs=EPOCHS,
+                         lr_scheduler_type="linear"),
+    )
+    trainer.train()
+    stats, plan = trainer.sb_stats, trainer.engine.budget
+    assert stats["reference_forwards"] == n and plan.before_training == pytest.approx(DEFAULT_PHI * n)
+    assert _counted(stats) == pytest.approx(0.5 * EPOCHS * n, rel=0.02)
+    seen = rates.seen
+    assert seen[0] == pytest.approx(0.05 * (1 - 1 / plan.steps)) and seen[-1] == 0.0  # it starts after the pass

@@ -116,14 +116,15 @@ class SelectiveBackpropArguments:
         metadata={
             "help": "Share of the run after which selection turns on, in [0, 1). The share is of the data read "
             "(epochs read / num_train_epochs) in an epoch-based run, of optimizer steps (step / max_steps) "
-            "with --max_steps."
+            "with --max_steps, of the budget spent with --sb_budget."
         },
     )
     sb_end: float = field(
         default=1.0,
         metadata={
             "help": "Share of the run after which selection turns off again, in (sb_start, 1]; measured like "
-            "sb_start (data read in an epoch-based run, optimizer steps with --max_steps)."
+            "sb_start (data read in an epoch-based run, optimizer steps with --max_steps, budget spent with "
+            "--sb_budget)."
         },
     )
     sb_interrupt: int = field(

@@ -209,7 +209,8 @@ def test_benchmark_runs_take_the_budget(tmp_path):
 def test_the_reference_pass_is_paid_from_the_budget(tmp_path):
     rates, n = _LearningRates(), 2 * N  # the run ends within half a step of the budget: 2 % of it at this size
     trainer = SelectiveBackpropTrainer(
-        model=TinyClassifier(), reference_model=TinyClassifier(seed=1), callbacks=[rates], train_dataset=make_dataset(n),
+        model=TinyClassifier(), reference_model=TinyClassifier(seed=1), callbacks=[rates],
+        train_dataset=make_dataset(n),
         args=make_config(str(tmp_path), sb_strategy="rholoss", sb_budget=0.5, num_train_epochs=EPOCHS,
                          lr_scheduler_type="linear"),
     )

@@ -220,3 +220,13 @@ def test_the_reference_pass_is_paid_from_the_budget(tmp_path):
     assert _counted(stats) == pytest.approx(0.5 * EPOCHS * n, rel=0.02)
     seen = rates.seen
     assert seen[0] == pytest.approx(0.05 * (1 - 1 / plan.steps)) and seen[-1] == 0.0  # it starts after the pass
+
+
+def test_infobatch_anneals_within_the_epochs_the_budget_buys(tmp_path):
+    trainer, _ = _train(tmp_path, sb_strategy="infobatch", sb_budget=0.5)
+    epochs = trainer.engine.budget.epochs
+    assert epochs < 0.875 * EPOCHS  # counted in the configured run's epochs, it would never anneal
+    assert trainer.selector.num_epochs == epochs
+    stored = torch.linspace(0, 1, N)  # half of them below the mean: pruned before annealing
+    assert trainer.selector.plan_epoch(stored, torch.Generator(), math.floor(0.875 * epochs)) is not None
+    assert trainer.selector.plan_epoch(stored, torch.Generator(), math.ceil(0.875 * epochs)) is None

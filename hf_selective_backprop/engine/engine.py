@@ -125,6 +125,11 @@ class SelectionEngine:
         self.budget = budget
         if budget is not None:
             self.budget_spent, self.budget_done = budget.before_training, False
+            self._fit_selector()
+
+    def _fit_selector(self) -> None:
+        if self.budget.epochs is not None:
+            self.selector.fit_run(self.budget.epochs)
 
     @property
     def follows_progress(self) -> bool:
@@ -194,6 +199,7 @@ class SelectionEngine:
         if shared.get("budget") is not None:
             self.budget = BudgetPlan.from_state_dict(shared["budget"])
             self.budget_spent, self.budget_done = shared["budget_spent"], shared["budget_done"]
+            self._fit_selector()
         plan = None if shared["plan"] is None else EpochPlan.from_state_dict(shared["plan"])
         # Rows of the epoch's (planned) order that all processes together had read.
         read = shared["consumed"] * shared["world_size"] * shared["rows_per_batch"]

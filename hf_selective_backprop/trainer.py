@@ -203,6 +203,8 @@ class SelectiveBackpropMixin:
         epoch_based = has_length(dataloader) and args.max_steps <= 0
         plan = None
         if args.sb_budget is not None:
+            plan = state_files.saved_budget(self._resumed_from)
+        if args.sb_budget is not None and plan is None:
             stats = self.engine.stats  # the reference pass, scored before this ('rholoss')
             scored = distributed.sum_over_processes(self.accelerator, {"rows": stats.reference_forwards})["rows"]
             plan = budget.plan(args, self._run_length, self.selector, self.accelerator.num_processes, epoch_based,
@@ -235,6 +237,7 @@ class SelectiveBackpropMixin:
                 self.selector = build_selector(self.args)
                 self.engine = self._build_engine()
             self._loops_started += 1
+            self._resumed_from = resume_from_checkpoint
             self._train_start = time.perf_counter()
             if self._reference is not None:  # scored once (a collective), or restored with the checkpoint
                 resuming = resume_from_checkpoint is not None

@@ -111,6 +111,26 @@ def test_resume_keeps_the_plan_and_ends_at_the_same_step_with_the_same_weights(t
         assert torch.equal(value, resumed.model.state_dict()[name]), name
 
 
+def test_a_resumed_rholoss_run_keeps_the_schedule_the_reference_pass_shortened(tmp_path):
+    """The resumed run does not score the reference pass again: its schedule is sized from the saved plan."""
+    def run(output_dir, resume=None):
+        trainer = SelectiveBackpropTrainer(
+            model=TinyClassifier(), reference_model=TinyClassifier(seed=1), train_dataset=make_dataset(N),
+            args=make_config(str(output_dir), sb_strategy="rholoss", sb_budget=0.5, num_train_epochs=EPOCHS,
+                             lr_scheduler_type="linear", save_strategy="steps", save_steps=5),
+        )
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    whole = run(tmp_path / "whole")
+    shutil.copytree(tmp_path / "whole" / "checkpoint-10", tmp_path / "resumed" / "checkpoint-10")
+    resumed = run(tmp_path / "resumed", str(tmp_path / "resumed" / "checkpoint-10"))
+    assert resumed.state.global_step == whole.state.global_step
+    assert resumed.lr_scheduler.get_last_lr() == whole.lr_scheduler.get_last_lr()
+    for name, value in whole.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
+
+
 def test_the_final_checkpoint_is_saved_and_a_resume_from_it_trains_no_more(tmp_path):
     settings = dict(sb_strategy="sb", sb_budget=0.5, save_strategy="steps", save_steps=50)
     whole, _ = _train(tmp_path, **settings)

@@ -149,14 +149,19 @@ def test_a_resume_with_another_budget_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_agree_on_the_plan_and_spend_the_budget(tmp_path):
-    ranks = launch(tmp_path, ["--budget", "0.5", "--epochs", "4", "--examples", "1024"])
-    first, second = ranks
+def test_two_processes_agree_on_the_plan_spend_the_budget_and_resume_to_the_same_end(tmp_path):
+    settings = ["--budget", "0.5", "--epochs", "4", "--examples", "1024", "--save-steps", "20"]
+    first, second = launch(tmp_path / "whole", settings)
     assert first["budget"] is not None and first["budget"] == second["budget"]
     assert first["budget_spent"] == second["budget_spent"]
     assert first["global_step"] == second["global_step"]
     stats = first["sb_stats"]  # summed over both ranks
     assert _counted(stats) == pytest.approx(0.5 * first["budget"]["full_cost"], rel=0.02)
+    checkpoint = tmp_path / "whole" / "trainer" / "checkpoint-20"
+    resumed = launch(tmp_path / "resumed", [*settings, "--resume", str(checkpoint)])
+    for whole, again in zip((first, second), resumed, strict=True):
+        assert again["global_step"] == whole["global_step"] and again["budget"] == whole["budget"]
+        assert all(torch.equal(value, again["weights"][name]) for name, value in whole["weights"].items())
 
 
 def test_the_model_card_states_the_budget(tmp_path):

@@ -49,6 +49,7 @@ STATS_KEYS = (
     "examples_seen",
     "reference_forwards",
     "reference_seconds",
+    "budget_spent",
 )
 MISSING = "n/a"
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
@@ -131,6 +132,8 @@ def render_model_card(
         num_train_examples=_format(num_train_examples),
         strategy=getattr(args, "sb_strategy", MISSING),
         reference_model=_reference_model(args),
+        budget=getattr(args, "sb_budget", None),
+        cost_phi=_format(stats.get("cost_phi")),
         sb_settings={name: _cell(value) for name, value in sb_settings(args).items()},
         hyperparameters=dict(hyperparameters or {}),
         eval_table=_markdown_table(eval_lines),
@@ -211,7 +214,10 @@ def training_costs(trainer) -> dict:
     runtime = next((entry["train_runtime"] for entry in reversed(state.log_history) if "train_runtime" in entry), None)
     if trainer.args.sb_strategy != "none" or runtime is None or not has_length(trainer.train_dataset):
         return {}
-    return full_pass_summary(state.global_step, state.epoch or 0.0, len(trainer.train_dataset), runtime)
+    summary = full_pass_summary(state.global_step, state.epoch or 0.0, len(trainer.train_dataset), runtime)
+    if trainer.args.sb_budget is not None:
+        summary["budget_spent"] = _last_logged(trainer, "sb/budget_spent")
+    return summary
 
 
 def hub_dataset_id(source: str | os.PathLike | None) -> str | None:

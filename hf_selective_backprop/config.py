@@ -116,14 +116,15 @@ class SelectiveBackpropArguments:
         metadata={
             "help": "Share of the run after which selection turns on, in [0, 1). The share is of the data read "
             "(epochs read / num_train_epochs) in an epoch-based run, of optimizer steps (step / max_steps) "
-            "with --max_steps."
+            "with --max_steps, of the budget spent with --sb_budget."
         },
     )
     sb_end: float = field(
         default=1.0,
         metadata={
             "help": "Share of the run after which selection turns off again, in (sb_start, 1]; measured like "
-            "sb_start (data read in an epoch-based run, optimizer steps with --max_steps)."
+            "sb_start (data read in an epoch-based run, optimizer steps with --max_steps, budget spent with "
+            "--sb_budget)."
         },
     )
     sb_interrupt: int = field(
@@ -228,6 +229,29 @@ class SelectiveBackpropArguments:
         },
     )
 
+    sb_budget: float | None = field(
+        default=None,
+        metadata={
+            "help": "Compute budget F, in (0, 1]: the run costs F times the configured full run (plain training "
+            "for --num_train_epochs, or --max_steps, over the same data), counted as backward passes plus "
+            "--sb_cost_phi x selection forwards (and the 'rholoss' reference pass). Before training the run "
+            "is sized so that the strategy's expected cost meets the budget, the learning-rate schedule (any "
+            "--lr_scheduler_type, warm-up and --lr_decay_milestones included) follows the budget spent and "
+            "ends inside it, and training stops when it is spent, with the final save and evaluation as usual. "
+            "With --sb_strategy none: plain training for F of the full run's optimizer steps, the schedule "
+            "fitted to them (the budget-matched baseline). A stream needs --max_steps. Default: no budget."
+        },
+    )
+    sb_cost_phi: float | None = field(
+        default=None,
+        metadata={
+            "help": "With --sb_budget: the cost of one example's selection forward over that of one example's "
+            "training step (forward and backward), > 0. Default: 1/3, the cost model's value when a backward "
+            "costs two forwards (Jiang et al., 2019, section 3); measure yours (scripts/bench_selection_pass.py) "
+            "and give it for runs whose cost should match the clock."
+        },
+    )
+
     lr_decay_milestones: list[float] | None = field(
         default=None,
         metadata={
@@ -313,6 +337,7 @@ class SelectiveBackpropArguments:
         if not 0.0 <= self.sb_anneal_delta <= 1.0:
             fail("sb_anneal_delta", "in [0, 1]", self.sb_anneal_delta)
         self._validate_reference()
+        self._validate_budget()
         if self.sb_strategy != "none" and self.max_steps <= 0 and not self.num_train_epochs > 0:
             # Zero epochs would train nothing, then save the untrained model (and its card) as the run's.
             fail("num_train_epochs", "> 0 (or set --max_steps) for a run with selection", self.num_train_epochs)
@@ -342,6 +367,22 @@ class SelectiveBackpropArguments:
                 f"with --sb_strategy {self.sb_strategy}: its sampler draws the epoch's order from the global random "
                 "state, which a resume inside the epoch (skipping the rows already read) is not shown to replay; "
                 "use the default 'random'"
+            )
+
+    def _validate_budget(self) -> None:
+        # Written so that NaN fails too.
+        if self.sb_budget is not None and not 0.0 < self.sb_budget <= 1.0:
+            raise ValueError(
+                f"--sb_budget must be in (0, 1] (a share of the full run's cost), got {self.sb_budget!r}"
+            )
+        if self.sb_cost_phi is not None and not 0.0 < self.sb_cost_phi < math.inf:
+            raise ValueError(f"--sb_cost_phi must be a finite number > 0, got {self.sb_cost_phi!r}")
+        if self.sb_cost_phi is not None and self.sb_budget is None:
+            raise ValueError("--sb_cost_phi prices selection forwards for --sb_budget: give --sb_budget as well")
+        if self.sb_budget is not None and self.max_steps <= 0 and not self.num_train_epochs > 0:
+            raise ValueError(
+                f"--sb_budget {self.sb_budget} is a share of the full run, which --num_train_epochs "
+                f"{self.num_train_epochs} leaves empty: set --num_train_epochs > 0 or --max_steps"
             )
 
     def _validate_reference(self) -> None:

@@ -57,9 +57,10 @@ def check_milestones(milestones: Sequence[float], factor: float) -> None:
 
 
 def at_progress(fn: Callable[[int], float], trainer, total_steps: int, step: int) -> float:
-    """``fn`` at the step that a selective run's progress (the share of its data read) makes of ``total_steps``:
-    how many examples selection keeps drifts as losses fall, so an epoch's step count is only known afterwards."""
-    if not (trainer.is_in_train and trainer.engine.epoch_based):
+    """``fn`` at the step that a selective run's progress (the share of its data read, or of its budget spent) makes
+    of ``total_steps``: how many examples selection keeps drifts as losses fall, so an epoch's step count (and a
+    budget's) is only known afterwards."""
+    if not (trainer.is_in_train and trainer.engine.follows_progress):
         return fn(step)  # a step-based run, or a scheduler stepped by hand outside training
     return fn(round(trainer.training_progress() * total_steps))
 

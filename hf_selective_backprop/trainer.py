@@ -10,6 +10,7 @@ refresh), logging and checkpoints.
 
 from __future__ import annotations
 
+import sys
 import time
 from functools import partial
 
@@ -20,7 +21,7 @@ from transformers.trainer_utils import has_length
 from . import _compat, loss_check, parallelism
 from .cards import write_trainer_card
 from .config import check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
-from .engine import SelectionEngine, reference, rotation, run_record, state_files, streams
+from .engine import SelectionEngine, budget, distributed, reference, rotation, run_record, state_files, streams
 from .engine.accounting import STATS_FILE, WALL_CLOCK_FIGURES, finish_run, run_summary
 from .engine.callback import SelectionFlowCallback
 from .engine.data_state import DataState
@@ -67,6 +68,8 @@ class SelectiveBackpropMixin:
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
         given = selective_arguments(args, kwargs)
         selector = build_selector(given) if given is not None else None
+        # Before the Trainer's own refusal of a stream without max_steps, which does not name the budget.
+        budget.refuse_unsized(given, kwargs.get("train_dataset", args[3] if len(args) > 3 else None))
         self._refuse_before_data(given, selector, per_example_loss_func)
         super().__init__(*args, **kwargs)
         check_trainer_arguments(self, per_example_loss_func)
@@ -186,15 +189,31 @@ class SelectiveBackpropMixin:
     def set_initial_training_values(self, args, dataloader):
         values = super().set_initial_training_values(args, dataloader)
         if self.selector is None:
-            return values
+            if args.sb_budget is None:
+                return values
+            # The budget-matched plain run: F of the full run's steps, which the Trainer's schedule then spans.
+            values = _compat.training_values(values)
+            self._full_steps = values.max_steps
+            return values._replace(max_steps=budget.plain_steps(args, values.max_steps))
         values = _compat.training_values(values)
         self._run_length = RunLength.for_run(
             args, self.selector.expected_keep_fraction(), dataloader, values.num_examples,
             self.accelerator.num_processes, _compat.train_batch_size(self), self._selection_batch_size(),
         )
-        self.engine.set_run_length(epoch_based=has_length(dataloader) and args.max_steps <= 0)
+        epoch_based = has_length(dataloader) and args.max_steps <= 0
+        plan = None
+        if args.sb_budget is not None:
+            plan = state_files.saved_budget(self._resumed_from)
+        if args.sb_budget is not None and plan is None:
+            stats = self.engine.stats  # the reference pass, scored before this ('rholoss')
+            scored = distributed.sum_over_processes(self.accelerator, {"rows": stats.reference_forwards})["rows"]
+            plan = budget.plan(args, self._run_length, self.selector, self.accelerator.num_processes, epoch_based,
+                               scored)
+        self.engine.set_run_length(epoch_based, plan)
         if has_length(dataloader):  # a stream keeps the Trainer's values: it is step-based
             values = self._run_length.loop_values(values, args, self.engine.epoch_based)
+        if plan is not None:
+            values = values._replace(num_train_epochs=sys.maxsize, max_steps=plan.steps)  # it ends by cost
         self._expected_steps = values.max_steps
         return values
 
@@ -218,6 +237,7 @@ class SelectiveBackpropMixin:
                 self.selector = build_selector(self.args)
                 self.engine = self._build_engine()
             self._loops_started += 1
+            self._resumed_from = resume_from_checkpoint
             self._train_start = time.perf_counter()
             if self._reference is not None:  # scored once (a collective), or restored with the checkpoint
                 resuming = resume_from_checkpoint is not None
@@ -302,9 +322,13 @@ class SelectiveBackpropMixin:
 
     def selection_summary(self) -> dict:
         """The run's counters summed over processes, with derived figures (a collective)."""
-        return run_summary(self.accelerator, self.engine.stats, getattr(self, "_train_start", None))
+        summary = run_summary(self.accelerator, self.engine.stats, getattr(self, "_train_start", None))
+        return {**summary, **self.engine.budget_summary()}
 
     def log(self, logs, start_time=None):
+        if self.selector is None and self.args.sb_budget is not None and ("loss" in logs or "train_runtime" in logs):
+            # A plain run's cost is its steps: the share of the full run's spent.
+            logs = {**logs, "sb/budget_spent": self.state.global_step / self._full_steps}
         if self.selector is not None and ("loss" in logs or "train_runtime" in logs):
             # Counters only: wall-clock figures differ between a resumed and an uninterrupted run, so
             # they are in train()'s metrics and sb_stats.json, not in the log history.

@@ -244,6 +244,7 @@ def main() -> None:
     parser.add_argument("--zero", type=int, choices=[1, 2, 3], default=None, help="DeepSpeed ZeRO stage")
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 full sharding (CUDA: on the CPU it runs as DDP)")
     parser.add_argument("--split-batches", action="store_true", help="accelerator_config split_batches=True")
+    parser.add_argument("--budget", type=float, default=None, help="--sb_budget")
     parser.add_argument("--uneven-batches", action="store_true", help="accelerator_config even_batches=False")
     args = parser.parse_args()
 
@@ -269,6 +270,7 @@ def main() -> None:
         sb_history_size=args.history,
         sb_history_scope=args.scope,
         sb_staleness=args.staleness,
+        sb_budget=args.budget,
         deepspeed=deepspeed_config(args.zero) if args.zero else None,
         fsdp="full_shard" if args.fsdp else None,
         fsdp_config={"version": 2} if args.fsdp else None,
@@ -322,6 +324,8 @@ def main() -> None:
         "warnings": [str(w.message) for w in caught],
         "augmentation": collator.transform.generator.get_state() if args.augment else None,
         "irreducible": trainer.engine.irreducible.losses if args.reference else None,
+        "budget": None if trainer.engine.budget is None else trainer.engine.budget.state_dict(),
+        "budget_spent": trainer.engine.budget_spent,
     }
     if args.images:
         result["augmentation"] = dataset.transform.generator.get_state()

@@ -115,8 +115,11 @@ def test_missing_stats_read_na_and_unknown_dataset_is_left_out(tmp_path):
     text = path.read_text()
     assert text.startswith("---\n")
     assert "| kept fraction | n/a |" in text and "| backward passes vs a full pass | n/a of n/a |" in text
-    # Every stat but the backwards; the reference model's rows appear only for a 'rholoss' run.
-    assert text.count("| n/a |") == len([key for key in STATS_KEYS if not key.startswith("reference_")]) - 1
+    # Every stat but the backwards; the reference model's rows appear only for a 'rholoss' run, the budget's
+    # only with --sb_budget.
+    shown = [key for key in STATS_KEYS if not key.startswith("reference_") and key != "budget_spent"]
+    assert text.count("| n/a |") == len(shown) - 1
+    assert "budget" not in text
     assert "reference" not in text.lower()
     assert "| `sb_note` | `a\\|b` |" in text and "`lr`" not in text
     card = ModelCard.load(path)

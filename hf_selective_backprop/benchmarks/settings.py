@@ -54,6 +54,18 @@ class RunSettings:
         },
     )
     lr_decay_factor: float = field(default=0.2, metadata={"help": "Factor of each --lr_decay_milestones decay."})
+    sb_budget: float | None = field(
+        default=None,
+        metadata={
+            "help": "Every run costs this share, in (0, 1], of a plain run of --num_train_epochs (the trainer's "
+            "--sb_budget: sized before training, its schedule ending inside the budget; 'traditional' becomes the "
+            "budget-matched baseline). Default: no budget."
+        },
+    )
+    sb_cost_phi: float | None = field(
+        default=None,
+        metadata={"help": "With --sb_budget: a selection forward's cost per training step (the trainer's flag)."},
+    )
     train_eval_samples: int = field(
         default=0,
         metadata={
@@ -70,6 +82,8 @@ class RunSettings:
 
             self.lr_decay_milestones = list(self.lr_decay_milestones)
             check_milestones(self.lr_decay_milestones, self.lr_decay_factor)
+        if self.sb_budget is not None and not 0.0 < self.sb_budget <= 1.0:
+            raise ValueError(f"--sb_budget must be in (0, 1] (a share of the full run's cost), got {self.sb_budget!r}")
         if not 0 <= self.evals_per_epoch < float("inf"):
             raise ValueError(f"--evals_per_epoch must be >= 0, got {self.evals_per_epoch}")
 
@@ -113,6 +127,8 @@ class RunSettings:
             dataloader_num_workers=0,
             # On a GPU the loader copies each batch from pinned memory without making the host wait (docs/gpu.md).
             accelerator_config={"non_blocking": torch.cuda.is_available()},
+            sb_budget=self.sb_budget,
+            sb_cost_phi=self.sb_cost_phi,
         )
         arguments.update(overrides or {})
         return SelectiveBackpropConfig(**arguments)

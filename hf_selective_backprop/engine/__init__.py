@@ -1,11 +1,12 @@
 """The selection engine: what selection holds between steps, and how it saves and restores it.
 
-`SelectionEngine` (`engine.py`) is the one object that holds selection state; the modules beside it
-are its parts: the loss store (`store.py`), the batch queue and its padding (`queue.py`,
-`padding.py`), the epoch's plan and the run's length (`epoch_plan.py`, `run_length.py`, `schedule.py`),
-the selection forward (`scoring.py`), example ids (`indexing.py`), irreducible losses for RHO-LOSS (`reference.py`),
-collectives and host copies (`distributed.py`, `transfer.py`), streams (`streams.py`), counters (`accounting.py`) and
-checkpoints (`state_files.py`, `checkpoints.py`, `run_record.py`, `data_state.py`, `rotation.py`).
+`SelectionEngine` (`engine.py`) is the one object that holds selection state; the modules beside it are its
+parts: the loss store (`store.py`), the batch queue and its padding (`queue.py`, `padding.py`), the epoch's
+plan, the run's length and its budget (`epoch_plan.py`, `run_length.py`, `budget.py`, `schedule.py`), the
+selection forward (`scoring.py`), example ids (`indexing.py`), irreducible losses for RHO-LOSS
+(`reference.py`), collectives and host copies (`distributed.py`, `transfer.py`), streams (`streams.py`),
+counters (`accounting.py`) and checkpoints (`state_files.py`, `checkpoints.py`, `run_record.py`,
+`data_state.py`, `rotation.py`).
 """
 
 from __future__ import annotations

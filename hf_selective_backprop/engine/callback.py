@@ -59,10 +59,10 @@ class SelectionFlowCallback(DefaultFlowCallback):
     def on_step_end(self, args, state, control, **kwargs):
         engine = self.trainer.engine
         state.epoch = engine.epochs_read()
-        if not engine.epoch_based:
+        if not engine.follows_progress:
             return super().on_step_end(args, state, control, **kwargs)
         # The default flow ends the run (stop, final save and evaluation) at max_steps: show it the
-        # real end, a fractional num_train_epochs included, and never the estimate.
+        # real end (a fractional num_train_epochs, or the budget spent), and never the estimate.
         expected = state.max_steps
         ends = engine.progress(state.global_step, expected) >= 1.0
         state.max_steps = state.global_step if ends else max(expected, state.global_step + 1)
@@ -90,7 +90,7 @@ class SelectionFlowCallback(DefaultFlowCallback):
                     "next epoch's steps, and training goes on (said once per run)",
                     engine.epoch, _compat.train_batch_size(self.trainer) * args.gradient_accumulation_steps,
                 )
-        if engine.epoch_based and done and self.ended_at_step != state.global_step:
+        if engine.follows_progress and done and self.ended_at_step != state.global_step:
             # The data ran out after the last step, which could not know it was the last: its final
             # checkpoint and evaluation, where that step did not already make them.
             self.ended_at_step = state.global_step

@@ -24,6 +24,7 @@ from transformers.trainer_utils import has_length
 from ..selectors import Selector
 from . import distributed, streams, transfer
 from .accounting import SelectionStats, merged_stats
+from .budget import BudgetPlan
 from .data_state import DataState
 from .epoch_plan import EpochPlan, PlannedSampler, stale_plan
 from .queue import BatchQueue
@@ -88,6 +89,9 @@ class SelectionEngine:
         self.unread_skips = 0
         self.loader_seeded_before_checkpoint = False  # see read()
         self.epoch_based = True  # epoch-based runs end with their data, others by steps (set_run_length)
+        self.budget: BudgetPlan | None = None  # a budget run's plan (--sb_budget): it ends when the budget is spent
+        self.budget_spent = 0.0  # cost spent, summed over processes (BudgetPlan.spent), as of the latest step
+        self.budget_done = False
         self.steps_in_epoch = 0
         self.epoch_without_step = False
         self.inputs_checked = False
@@ -114,9 +118,24 @@ class SelectionEngine:
             # larger id shows up (~2.7x its final size at peak, docs/reliability.md).
             self.store = LossStore(int(ids.max()) + 1)
 
-    def set_run_length(self, epoch_based: bool) -> None:
-        """Whether the run ends when its data does (epoch-based) or after a number of steps."""
-        self.epoch_based = epoch_based
+    def set_run_length(self, epoch_based: bool, budget: BudgetPlan | None = None) -> None:
+        """Whether the run ends when its data does (epoch-based), when ``budget`` is spent, or after a number of
+        steps."""
+        self.epoch_based = epoch_based and budget is None
+        self.budget = budget
+        if budget is not None:
+            self.budget_spent, self.budget_done = budget.before_training, False
+            self._fit_selector()
+
+    def _fit_selector(self) -> None:
+        if self.budget.epochs is not None:
+            self.selector.fit_run(self.budget.epochs)
+
+    @property
+    def follows_progress(self) -> bool:
+        """Whether the run's end and its schedule follow its progress (data read, or budget spent), not its steps
+        alone: an epoch's step count under selection is known only afterwards."""
+        return self.epoch_based or self.budget is not None
 
     def use_irreducible(self, scored: ReferencePass | None) -> None:
         """The irreducible losses 'rholoss' subtracts, and what scoring them cost (None when resuming: the
@@ -146,6 +165,10 @@ class SelectionEngine:
             "run": self.run,
             # Scored once before training ('rholoss'): a resumed run must not score it again.
             "irreducible": None if self.irreducible is None else self.irreducible.state_dict(),
+            # A budget run's plan and what it spent: the resumed run keeps them and ends at the same step.
+            "budget": None if self.budget is None else self.budget.state_dict(),
+            "budget_spent": self.budget_spent,
+            "budget_done": self.budget_done,
         }
         rank = {
             "generator": self.generator.get_state(),
@@ -173,6 +196,10 @@ class SelectionEngine:
         if shared.get("irreducible") is not None:
             self.irreducible = IrreducibleLosses.from_state_dict(shared["irreducible"])
         self.epoch = shared["epoch"]
+        if shared.get("budget") is not None:
+            self.budget = BudgetPlan.from_state_dict(shared["budget"])
+            self.budget_spent, self.budget_done = shared["budget_spent"], shared["budget_done"]
+            self._fit_selector()
         plan = None if shared["plan"] is None else EpochPlan.from_state_dict(shared["plan"])
         # Rows of the epoch's (planned) order that all processes together had read.
         read = shared["consumed"] * shared["world_size"] * shared["rows_per_batch"]
@@ -331,6 +358,8 @@ class SelectionEngine:
     def read_all_asked(self) -> bool:
         """True once an epoch-based run has read the share of its last epoch that a fractional
         num_train_epochs asks for (a whole last epoch ends by running out of data instead)."""
+        if self.budget is not None:
+            return self.budget_done
         unfinished = self.batches_read < self.batches_in_epoch
         return self.epoch_based and unfinished and self.epochs_read() >= self.args.num_train_epochs
 
@@ -338,10 +367,19 @@ class SelectionEngine:
         return self.epoch + self.batches_read / self.batches_in_epoch
 
     def progress(self, global_step: int, max_steps: int) -> float:
-        """Fraction of the run done: data read (epoch-based runs) or optimizer steps."""
+        """Fraction of the run done: budget spent (budget runs), data read (epoch-based runs) or optimizer steps."""
+        if self.budget is not None:
+            return 1.0 if self.budget_done else self.budget.progress(self.budget_spent)
         if self.epoch_based:
             return min(self.epochs_read() / self.args.num_train_epochs, 1.0)
         return min(global_step / max_steps, 1.0)
+
+    def budget_summary(self) -> dict:
+        """A budget run's plan and the share of the full run's cost spent so far (empty without a budget)."""
+        if self.budget is None:
+            return {}
+        return {"budget": self.budget.budget, "cost_phi": self.budget.phi,
+                "budget_spent": self.budget_spent / self.budget.full_cost}
 
     # ---- steps -------------------------------------------------------------------------------
 
@@ -385,7 +423,20 @@ class SelectionEngine:
         self.stats.backwards += trained
         self.stats.optimizer_steps += 1
         self.steps_in_epoch += 1
+        if self.budget is not None:
+            self._count_budget()
         return micro_batches
+
+    def _count_budget(self) -> None:
+        """The cost spent up to the step about to run, the same on every process (a collective), and whether
+        it ends the run: when half the cost of another such step would reach the budget."""
+        stats = self.stats
+        totals = distributed.sum_over_processes(self.accelerator, {
+            "backwards": stats.backwards, "selection": stats.selection_forwards, "reference": stats.reference_forwards,
+        })
+        spent = self.budget.spent(totals["backwards"], totals["selection"], totals["reference"])
+        step_cost, self.budget_spent = spent - self.budget_spent, spent
+        self.budget_done = spent + step_cost / 2 >= self.budget.target
 
     def check_inputs(self, batch: dict, model: torch.nn.Module) -> None:
         """At the run's first batch, one selection forward on one example: a model that cannot take

@@ -15,6 +15,7 @@ import warnings
 import torch
 
 from . import run_record
+from .budget import BudgetPlan
 from .checkpoints import RANK_STATE_FILE, STATE_FILE, atomic_save, require_complete_checkpoint, require_resumable
 from .engine import SelectionEngine
 
@@ -40,6 +41,16 @@ def save(engine: SelectionEngine, folder: str, should_save: bool, model: torch.n
     if should_save:
         atomic_save(state["shared"], os.path.join(folder, STATE_FILE))
     atomic_save(state["rank"], os.path.join(folder, RANK_STATE_FILE.format(rank=engine.args.process_index)))
+
+
+def saved_budget(checkpoint: str | None) -> BudgetPlan | None:
+    """The budget plan ``checkpoint`` was saved with, if any: a resumed run sizes its schedule from it (the
+    reference pass it paid for is not scored again, and another number of processes would size it anew)."""
+    path = os.path.join(checkpoint, STATE_FILE) if checkpoint else ""
+    if not os.path.isfile(path):
+        return None
+    saved = torch.load(path, weights_only=True).get("budget")
+    return None if saved is None else BudgetPlan.from_state_dict(saved)
 
 
 def load(engine: SelectionEngine, checkpoint: str, ignore_data_skip: bool = False) -> None:

@@ -100,6 +100,11 @@ class Selector:
         """Expected fraction of a selection batch that is trained on, for sizing the LR schedule."""
         raise NotImplementedError
 
+    def fit_run(self, num_epochs: float) -> None:
+        """The epochs a budget run (--sb_budget) is expected to read, in place of ``num_train_epochs``: a strategy
+        that decides by the run's epochs counts in these. Called before training and on resume; by default
+        nothing depends on them."""
+
     def state_dict(self) -> dict:
         return {}
 

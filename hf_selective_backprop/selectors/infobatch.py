@@ -39,6 +39,9 @@ class InfoBatchSelector(Selector):
         self.anneal_delta = anneal_delta
         self.num_epochs = num_epochs
 
+    def fit_run(self, num_epochs: float) -> None:
+        self.num_epochs = num_epochs  # annealing starts at anneal_delta of the epochs the budget buys
+
     def plan_epoch(self, stored_losses: torch.Tensor, generator: torch.Generator, epoch: int) -> Selection | None:
         if epoch >= self.anneal_delta * self.num_epochs:
             return None

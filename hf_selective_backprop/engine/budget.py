@@ -1,0 +1,112 @@
+"""A compute budget (``--sb_budget``): what the configured full run costs, the plan that meets a share of it,
+and the cost a run has spent.
+
+Cost is counted in examples' training steps (a forward and a backward), summed over processes, as the
+paper's cost model counts it (Jiang et al., 2019, section 3): one per backward pass, and ``phi`` per
+selection forward and per example of the 'rholoss' reference pass. The configured full run is plain
+training (every example read is trained) for ``num_train_epochs`` of the data, or for ``max_steps``
+optimizer steps; the budget is ``sb_budget`` times its cost.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from transformers.trainer_utils import has_length
+
+from .run_length import RunLength
+
+#: What a backward and the optimizer step cost per training forward in the cost model (r = 2: a backward
+#: costs two forwards, the paper's assumption).
+COST_MODEL_R = 2.0
+#: phi when --sb_cost_phi is not given: a selection forward costs one training forward, a third of a
+#: training step (1 / (1 + r)).
+DEFAULT_PHI = 1.0 / (1.0 + COST_MODEL_R)
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    """A budget run's plan, made once before training and kept in checkpoints, so a resumed run ends where
+    the uninterrupted one does. Costs are in examples' training steps over all processes.
+
+    ``before_training`` is what was spent before the first step (the reference pass); ``epochs`` and
+    ``steps`` are what the strategy is expected to read and take within the budget (``epochs`` is None for
+    a stream, whose epoch length is unknown).
+    """
+
+    budget: float
+    phi: float
+    full_cost: float
+    before_training: float
+    epochs: float | None
+    steps: int
+
+    @property
+    def target(self) -> float:
+        return self.budget * self.full_cost
+
+    def spent(self, backwards: float, selection_forwards: float, reference_forwards: float) -> float:
+        return backwards + self.phi * (selection_forwards + reference_forwards)
+
+    def progress(self, spent: float) -> float:
+        """The share of the budget's training cost (past the reference pass) spent."""
+        return min(max(spent - self.before_training, 0.0) / (self.target - self.before_training), 1.0)
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_state_dict(cls, state: dict) -> BudgetPlan:
+        return cls(**state)
+
+
+def refuse_unsized(args, dataset) -> None:
+    """A budget is a share of a run of known cost: a stream (no length) without --max_steps has none."""
+    if getattr(args, "sb_budget", None) is None or args.max_steps > 0:
+        return
+    if dataset is not None and not has_length(dataset):
+        raise ValueError(
+            f"--sb_budget {args.sb_budget} is a share of the full run's cost, which a training dataset without a "
+            "length (a stream) and no --max_steps leaves unknown: set --max_steps (the full run) as well"
+        )
+
+
+def plain_steps(args, full_steps: int) -> int:
+    """The optimizer steps of a plain run (``--sb_strategy none``) within the budget: F of the full run's."""
+    return max(1, round(args.sb_budget * full_steps))
+
+
+def plan(args, run_length: RunLength, selector, num_processes: int, epoch_based: bool,
+         reference_forwards: float) -> BudgetPlan:
+    """The epochs (and optimizer steps) whose expected cost meets the budget, for ``selector``'s strategy, after
+    a reference pass of ``reference_forwards`` examples (over all processes).
+
+    Per row read after warm-up, a strategy trains ``run_length.expected_keep()`` rows (the kept fraction,
+    diluted by the plain steps outside --sb_start/--sb_end and of --sb_interrupt) and scores a share of them:
+    all for a strategy with a selection forward (1/n of the epochs with --sb_staleness n), none for one that
+    decides without (uniform, InfoBatch). Warm-up epochs train every row and score none.
+    """
+    phi = args.sb_cost_phi if args.sb_cost_phi is not None else DEFAULT_PHI
+    rows_per_step = run_length.rows_per_step * num_processes
+    rows_per_epoch = run_length.rows_per_epoch * num_processes
+    full_cost = args.num_train_epochs * rows_per_epoch if epoch_based else args.max_steps * rows_per_step
+    budget = args.sb_budget
+    before_training = phi * reference_forwards
+    training = budget * full_cost - before_training
+    if not training > 0:
+        raise ValueError(
+            f"--sb_budget {budget}: the reference pass alone costs {before_training:.0f} of the budget's "
+            f"{budget * full_cost:.0f} (examples' training steps): raise --sb_budget"
+        )
+    scored = (1.0 if selector.needs_losses else 0.0) / args.sb_staleness
+    active = run_length.active_share
+    # The cost of one trained row after warm-up: its step, and the selection forwards of the rows read for it.
+    per_trained = 1.0 + phi * active * scored / run_length.keep
+    warm = min(training, args.sb_warmup_epochs * rows_per_epoch)  # a stream (no epoch length) skips this
+    trained = warm + (training - warm) / per_trained
+    steps = max(1, math.floor(trained / rows_per_step))
+    epochs = None
+    if rows_per_epoch:
+        epochs = warm / rows_per_epoch + (training - warm) / (rows_per_epoch * run_length.expected_keep() * per_trained)
+    return BudgetPlan(budget, phi, float(full_cost), float(before_training), epochs, steps)

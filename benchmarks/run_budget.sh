@@ -1,0 +1,51 @@
+#!/bin/bash
+# The budget study of docs/record/benchmarks.md ("A compute budget"): every strategy run with --sb_budget F (a
+# share of the full plain run's cost, its learning-rate schedule decaying fully inside it) against
+# sb_strategy none (plain training shortened to the same budget) and the uniform random subset at the same budget.
+# Workload: the fine-tuning one of benchmarks/run_finetune.sh (run its pretrain and lr parts first; this reads the
+# same pretrained model and, with LR=auto, the learning rate Traditional chose there).
+#
+# Budgets $BUDGETS for seed 0, and $SEEDED_BUDGETS for seeds $SEEDS. Restartable: a run whose <strategy>.json exists
+# is skipped. The accuracies do not depend on the machine's load (each budget is counted in passes, not seconds);
+# the times in the logs do.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+DATA=${DATA:-../shared/data}
+MODEL=${MODEL:-cifar_convnet_half}
+FINETUNE=${FINETUNE_RESULTS:-benchmarks/results/finetune-cifar10-$MODEL}
+R=${RESULTS:-benchmarks/results/budget-finetune-cifar10-$MODEL}
+CACHE=${FINETUNE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hf-selective-backprop/finetune}
+PRETRAIN_EPOCHS=${PRETRAIN_EPOCHS:-20}
+PRETRAINED=${PRETRAINED:-$CACHE/$MODEL-cifar10-classes0-4-$PRETRAIN_EPOCHS-epochs}
+EPOCHS=${EPOCHS:-6}
+BUDGETS=${BUDGETS:-0.25 0.5 0.75}
+SEEDED_BUDGETS=${SEEDED_BUDGETS-0.5}
+read -r -a EXTRA <<<"${EXTRA:-}"
+[[ -f $PRETRAINED/model.safetensors ]] || { echo "no pretrained model in $PRETRAINED: run benchmarks/run_finetune.sh's pretrain part" >&2; exit 2; }
+LR_USED=${LR:-auto}
+if [[ $LR_USED == auto ]]; then
+    LR_USED=$($PY -c "
+import glob, json, os, sys
+runs = {os.path.basename(os.path.dirname(p))[2:]: json.load(open(p))['evals'][-1]['accuracy']
+        for p in glob.glob(os.path.join(sys.argv[1], 'lr*', 'traditional.json'))}
+print(max(runs, key=runs.get)) if runs else sys.exit('LR=auto: run benchmarks/run_finetune.sh PARTS=lr first')" "$FINETUNE/lr")
+fi
+STRATEGIES=traditional,uniform-keep0.5,sb,sb-keep0.5,stale-sb,infobatch,composer-card,topk-keep0.5
+
+run_budget() {  # BUDGET SEED
+    $PY scripts/benchmark.py --dataset "$DATA/cifar10" --classes 5,6,7,8,9 --model_name_or_path "$PRETRAINED" \
+        --cutout 0 --threads "${THREADS:-2}" --num_train_epochs "$EPOCHS" --batch_size 128 --learning_rate "$LR_USED" \
+        --evals_per_epoch 0 --sb_budget "$1" --seed "$2" --keep 0.3333333333 --staleness 3 \
+        --output_dir "$R/budget$1/seed$2" --strategies "$STRATEGIES" "${EXTRA[@]}"
+}
+
+for BUDGET in $BUDGETS; do
+    run_budget "$BUDGET" 0
+done
+for BUDGET in $SEEDED_BUDGETS; do
+    for SEED in ${SEEDS:-1 2}; do
+        run_budget "$BUDGET" "$SEED"
+    done
+done
+$PY scripts/budget_report.py --root "$R" --title "Fine-tuning at a compute budget: CIFAR-10 classes 5-9 from $MODEL"

@@ -10,6 +10,7 @@
 # the times in the logs do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benchmarks/lr_choice.sh
 PY=${PY:-.venv/bin/python}
 DATA=${DATA:-../shared/data}
 MODEL=${MODEL:-cifar_convnet_half}
@@ -25,11 +26,7 @@ read -r -a EXTRA <<<"${EXTRA:-}"
 [[ -f $PRETRAINED/model.safetensors ]] || { echo "no pretrained model in $PRETRAINED: run benchmarks/run_finetune.sh's pretrain part" >&2; exit 2; }
 LR_USED=${LR:-auto}
 if [[ $LR_USED == auto ]]; then
-    LR_USED=$($PY -c "
-import glob, json, os, sys
-runs = {os.path.basename(os.path.dirname(p))[2:]: json.load(open(p))['evals'][-1]['accuracy']
-        for p in glob.glob(os.path.join(sys.argv[1], 'lr*', 'traditional.json'))}
-print(max(runs, key=runs.get)) if runs else sys.exit('LR=auto: run benchmarks/run_finetune.sh PARTS=lr first')" "$FINETUNE/lr")
+    LR_USED=$(best_lr "$FINETUNE/lr")
 fi
 STRATEGIES=traditional,uniform-keep0.5,sb,sb-keep0.5,stale-sb,infobatch,composer-card,topk-keep0.5
 

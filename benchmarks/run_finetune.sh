@@ -20,6 +20,7 @@
 # it stopped (the run in progress starts over). Timing is the point: run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benchmarks/lr_choice.sh
 PY=${PY:-.venv/bin/python}
 DATA=${DATA:-../shared/data}
 MODEL=${MODEL:-cifar_convnet_half}
@@ -48,16 +49,6 @@ pretrain() {
 COMMON=(--dataset "$DATA/cifar10" --classes 5,6,7,8,9 --model_name_or_path "$PRETRAINED" "${AUGMENT[@]}"
     --threads "$THREADS" --num_train_epochs "$EPOCHS" --batch_size 128 --train_eval_samples "${FIT_ROWS:-1000}" "${EXTRA[@]}")
 
-best_lr() {  # the learning rate whose Traditional run ended most accurate in the lr part
-    $PY - "$R/lr" <<'EOF'
-import glob, json, os, sys
-runs = {float(os.path.basename(os.path.dirname(p))[2:]): json.load(open(p))["evals"][-1]["accuracy"]
-        for p in glob.glob(os.path.join(sys.argv[1], "lr*", "traditional.json"))}
-if not runs:
-    sys.exit("LR=auto: no lr*/traditional.json yet; run PARTS=lr first")
-print(max(runs, key=runs.get))
-EOF
-}
 
 SELECTIVE="sb sb-keep0.5 stale-sb infobatch composer-card topk-keep0.5"
 # Each uniform-for-<strategy> runs after it, at the backward fraction that strategy realised (read from its log).
@@ -76,7 +67,7 @@ for PART in ${PARTS:-pretrain lr main report}; do
         ;;
     main)
         LR_USED=${LR:-auto}
-        [[ $LR_USED == auto ]] && LR_USED=$(best_lr)
+        [[ $LR_USED == auto ]] && LR_USED=$(best_lr "$R/lr")
         echo "main: learning rate $LR_USED"
         # Seed 0's Traditional run at that rate is the lr part's (the same flags).
         if [[ -f $R/lr/lr$LR_USED/traditional.json && ! -f $R/seed0/traditional.json ]]; then

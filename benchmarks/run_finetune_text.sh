@@ -9,6 +9,7 @@
 # $SEEDS), report. Restartable: a run whose <strategy>.json exists is skipped. Run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benchmarks/lr_choice.sh
 PY=${PY:-.venv/bin/python}
 DATA=${DATA:-../shared/data}
 R=${RESULTS:-benchmarks/results/finetune-sst2}
@@ -45,11 +46,7 @@ for PART in ${PARTS:-pretrain lr main report}; do
     main)
         LR_USED=${LR:-auto}
         if [[ $LR_USED == auto ]]; then
-            LR_USED=$($PY -c "
-import glob, json, os, sys
-runs = {os.path.basename(os.path.dirname(p))[2:]: json.load(open(p))['evals'][-1]['accuracy']
-        for p in glob.glob(os.path.join(sys.argv[1], 'lr*', 'traditional.json'))}
-print(max(runs, key=runs.get)) if runs else sys.exit('LR=auto: run PARTS=lr first')" "$R/lr")
+            LR_USED=$(best_lr "$R/lr")
         fi
         echo "main: learning rate $LR_USED"
         if [[ -f $R/lr/lr$LR_USED/traditional.json && ! -f $R/seed0/traditional.json ]]; then

@@ -21,7 +21,10 @@ def load(folder: str) -> dict:
     with open(os.path.join(folder, "sb_stats.json")) as handle:
         stats = json.load(handle)
     with open(os.path.join(folder, "eval_results.json")) as handle:
-        stats["eval_loss"] = json.load(handle)["eval_loss"]
+        evaluation = json.load(handle)
+    stats["eval_loss"] = evaluation["eval_loss"]
+    # TRL's mean token accuracy (of the answer alone on prompt-completion data); older runs lack it.
+    stats["eval_token_accuracy"] = evaluation.get("eval_mean_token_accuracy")
     with open(os.path.join(folder, "train_results.json")) as handle:
         train = json.load(handle)
     epochs = train["num_train_epochs"]  # an epoch-based run reads exactly that many epochs
@@ -49,14 +52,16 @@ def main() -> None:
     runs = [(os.path.basename(os.path.normpath(folder)), load(folder)) for folder in args.runs]
     base = runs[0][1]["tokens_per_second"]
     print("| run | tokens/s | sequences/s | speedup | cost model's ideal | kept fraction | backwards | "
-          "selection forwards | final validation loss |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "selection forwards | final validation loss | mean token accuracy |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name, stats in runs:
         print(
             f"| {name} | {stats['tokens_per_second']:.0f} | {stats['sequences_per_second']:.1f} | "
             f"{stats['tokens_per_second'] / base:.2f}x | "
             f"{run_ideal_speedup(stats):.2f}x | {stats.get('kept_fraction', 1.0):.2f} | {stats['backwards']:,} | "
-            f"{stats.get('selection_forwards', 0):,} | {stats['eval_loss']:.4f} |"
+            f"{stats.get('selection_forwards', 0):,} | {stats['eval_loss']:.4f} | "
+            + ("-" if stats["eval_token_accuracy"] is None else f"{100 * stats['eval_token_accuracy']:.2f} %")
+            + " |"
         )
 
 

@@ -19,7 +19,13 @@ from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
 from hf_selective_backprop import SelectiveBackpropSFTConfig, SelectiveBackpropSFTTrainer
 from hf_selective_backprop.cards import hub_dataset_id, training_costs
-from hf_selective_backprop.data.text import TextDataArguments, load_text_data, texts_of, train_wordpiece_tokenizer
+from hf_selective_backprop.data.text import (
+    TextDataArguments,
+    label_completions,
+    load_text_data,
+    texts_of,
+    train_wordpiece_tokenizer,
+)
 from hf_selective_backprop.engine.accounting import STATS_FILE, write_stats
 from hf_selective_backprop.output_lock import claimed
 from hf_selective_backprop.text_models import TextModelArguments, build_text_model, load_tokenizer
@@ -58,6 +64,15 @@ class SFTDataArguments:
     )
     eval_split: str | None = field(
         default="validation", metadata={"help": "Split to evaluate on ('' or 'none': no evaluation)."}
+    )
+    completion_from_label: bool = field(
+        default=False,
+        metadata={"help": "Train prompt-completion pairs: the text (then ' sentiment :') as the prompt, the name of its "
+                  "label (--label_column, e.g. SST-2's negative/positive) as the completion; the loss, selection's "
+                  "included, is on the completion alone. Default: the text column as language-modelling data."},
+    )
+    label_column: str | None = field(
+        default=None, metadata={"help": "With --completion_from_label: the label column (default: 'label', ...)."}
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N examples."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Evaluate on the first N examples."})
@@ -98,11 +113,18 @@ def run(config, data_args: SFTDataArguments, model_args: TextModelArguments, che
     set_seed(config.seed)
 
     data = load_text_data(TextDataArguments(
-        dataset=data_args.dataset, task="causal-lm", text_column=data_args.text_column,
+        dataset=data_args.dataset, task="text-classification" if data_args.completion_from_label else "causal-lm",
+        text_column=data_args.text_column, label_column=data_args.label_column,
         eval_split=data_args.eval_split, max_train_samples=data_args.max_train_samples,
         max_eval_samples=data_args.max_eval_samples, max_length=config.max_length,
     ))
     config.dataset_text_field = data.text_column
+    train, evaluation = data.train, data.eval
+    if data_args.completion_from_label:
+        train, evaluation = (
+            None if split is None else label_completions(split, data.text_column, data.label_column, data.label_names)
+            for split in (data.train, data.eval)
+        )
     tokenizer = load_tokenizer(model_args)
     if tokenizer is None and checkpoint is not None:
         # The vocabulary the run learnt, saved in each checkpoint: learning it again can give other ids.
@@ -119,12 +141,12 @@ def run(config, data_args: SFTDataArguments, model_args: TextModelArguments, che
 
     model = build_text_model(model_args, tokenizer, "causal-lm", config.max_length)
     trainer = SelectiveBackpropSFTTrainer(
-        model=model, args=config, train_dataset=data.train, eval_dataset=data.eval, processing_class=tokenizer
+        model=model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer
     )
     train_output = trainer.train(resume_from_checkpoint=checkpoint)
     stats = training_costs(trainer)
 
-    metrics = trainer.evaluate() if data.eval is not None else {}
+    metrics = trainer.evaluate() if evaluation is not None else {}
     if "eval_loss" in metrics:
         metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 700.0))
     trainer.save_model()
@@ -142,7 +164,7 @@ def run(config, data_args: SFTDataArguments, model_args: TextModelArguments, che
 
     if config.should_save:
         results = " ".join(f"{k.removeprefix('eval_')}={v:.4f}" for k, v in metrics.items()
-                           if "loss" in k or "perplexity" in k)
+                           if "loss" in k or "perplexity" in k or "accuracy" in k)
         print(f"strategy={config.sb_strategy} {results} backwards={stats['backwards']} "
               f"selection_forwards={stats['selection_forwards']} -> {config.output_dir}")
 

@@ -21,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from trl import SFTConfig, SFTTrainer  # noqa: E402
 
 from hf_selective_backprop import SelectiveBackpropSFTConfig, SelectiveBackpropSFTTrainer  # noqa: E402
+from hf_selective_backprop.data.text import label_completions  # noqa: E402
 from hf_selective_backprop.losses import per_example_loss_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,6 +158,31 @@ def test_the_sft_script_trains_offline_and_writes_model_tokenizer_and_card(revie
     # The script's tokenizer opens a text with [CLS]; SFTTrainer closes it with the end-of-text token.
     assert tokenizer("great acting")["input_ids"][0] == tokenizer.cls_token_id
     assert AutoModelForCausalLM.from_pretrained(out).config.n_layer == 1
+
+
+def test_the_sft_script_trains_label_completions_scored_on_the_answer_alone(review_folder, tmp_path, monkeypatch):
+    out = tmp_path / "sft"
+    monkeypatch.setattr(sys, "argv", [
+        "train_sft.py", "--dataset", str(review_folder), "--text_column", "review", "--label_column", "sentiment",
+        "--completion_from_label", "true", "--sb_keep", "0.5", "--vocab_size", "60", "--num_layers", "1",
+        "--hidden_size", "16", "--num_heads", "2", "--intermediate_size", "32", "--max_length", "64",
+        "--per_device_train_batch_size", "16", "--use_cpu", "--disable_tqdm", "true", "--dataset_num_proc", "1",
+        "--output_dir", str(out),
+    ])
+    runpy.run_path(str(ROOT / "scripts" / "train_sft.py"), run_name="__main__")
+    stats = json.loads((out / "sb_stats.json").read_text())
+    assert stats["selection_forwards"] == 96 and 0 < stats["backwards"] < 96
+    assert 0.0 <= json.loads((out / "eval_results.json").read_text())["eval_mean_token_accuracy"] <= 1.0
+
+
+def test_label_completions_pair_each_text_with_its_label_name_and_refuse_unlabelled_rows():
+    rows = Dataset.from_dict({"sentence": ["fine film", "dull", "?"], "label": [1, 0, -1], "idx": [0, 1, 2]})
+    pairs = label_completions(rows.select([0, 1]), "sentence", "label", ["negative", "positive"])
+    assert pairs.column_names == ["prompt", "completion"]
+    assert pairs["prompt"] == ["fine film sentiment :", "dull sentiment :"]
+    assert pairs["completion"] == [" positive", " negative"]
+    with pytest.raises(ValueError, match=r"label column 'label': rows 2 have no label in 0..1"):
+        label_completions(rows, "sentence", "label", ["negative", "positive"])
 
 
 def test_assistant_masks_leave_only_assistant_tokens_in_each_examples_loss(output_dir, tokenizer):

@@ -262,3 +262,26 @@ def texts_of(dataset: datasets.Dataset, *columns: str | None, batch_size: int = 
         for column in columns:
             if column is not None:
                 yield rows[column] if limit is None else [text[:limit] for text in rows[column]]
+
+
+def label_completions(dataset: datasets.Dataset, text_column: str, label_column: str, names: list[str],
+                      prompt_suffix: str = " sentiment :") -> datasets.Dataset:
+    """Prompt-completion pairs for supervised fine-tuning: the text (then ``prompt_suffix``) as the prompt, its
+    label's name as the completion, so that a language model is trained (and scored) on the answer alone.
+
+    Labels must be class ids into ``names`` (`load_text_data` converts string labels); a row without one (SST-2's
+    test split marks them -1) is refused, naming it, since it has no completion to learn.
+    """
+    labels = numpy.asarray(dataset[label_column])
+    bad = numpy.flatnonzero((labels < 0) | (labels >= len(names)))
+    if len(bad):
+        listed = ", ".join(str(row) for row in bad[:5]) + (f", ... ({len(bad)} rows)" if len(bad) > 5 else "")
+        raise ValueError(
+            f"label column {label_column!r}: rows {listed} have no label in 0..{len(names) - 1} ({names}), so no "
+            "completion; use a labelled split"
+        )
+    return dataset.map(
+        lambda batch: {"prompt": [text + prompt_suffix for text in batch[text_column]],
+                       "completion": [" " + names[label] for label in batch[label_column]]},
+        batched=True, remove_columns=dataset.column_names,
+    )

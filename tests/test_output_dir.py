@@ -219,3 +219,46 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
         assert json.loads((out / LOCK_FILE).read_text())["pid"] == os.getpid()
     assert any("taking over the lock of a run that is gone" in r.getMessage() for r in caplog.records)
     assert not (out / LOCK_FILE).exists()
+
+
+def _contend(output_dir: str, barrier, owners) -> None:
+    """One of several processes started together: try to claim the folder, hold it until all have tried."""
+    from hf_selective_backprop.output_lock import _claim, _release
+
+    barrier.wait()
+    try:
+        lock = _claim(output_dir)
+    except ValueError:
+        lock = None
+    else:
+        with owners.get_lock():
+            owners.value += 1
+    barrier.wait()  # every process has tried while the owner still holds the folder
+    if lock is not None:
+        _release(lock)
+
+
+@pytest.mark.parametrize("stale", [True, False], ids=["stale-lock", "empty-folder"])
+def test_processes_started_together_claim_a_folder_exactly_once(stale, tmp_path):
+    # Taking over a stale lock by deleting it and creating another let two processes that both found it
+    # own the folder at once; each trial here must end with exactly one owner.
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    processes, trials = 4, 30
+    for trial in range(trials):
+        out = tmp_path / f"run{trial}"
+        out.mkdir()
+        if stale:
+            (out / LOCK_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": gone.pid}))
+        barrier, owners = context.Barrier(processes), context.Value("i", 0)
+        workers = [context.Process(target=_contend, args=(str(out), barrier, owners)) for _ in range(processes)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=60)
+        assert all(worker.exitcode == 0 for worker in workers)
+        assert owners.value == 1, f"trial {trial}: {owners.value} processes own the folder"
+        assert not (out / LOCK_FILE).exists()  # the owner released it

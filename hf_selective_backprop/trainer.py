@@ -260,7 +260,11 @@ class SelectiveBackpropMixin:
             return super().training_step(model, inputs, *args, **kwargs)
         refreshes = self.engine.records_training_losses
         with self._step_extras.carried(inputs, type(self).__name__, self.args.sb_strategy, refreshes) as inputs:
-            return super().training_step(model, inputs, *args, **kwargs)
+            loss = super().training_step(model, inputs, *args, **kwargs)
+        # Checked before the optimizer step (SelectionFlowCallback): the Trainer's logging_nan_inf_filter
+        # only hides such a loss from the logs.
+        self.engine.observe_training_loss(loss)
+        return loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.selector is None:

@@ -56,6 +56,9 @@ class SelectionFlowCallback(DefaultFlowCallback):
         engine = self.trainer.engine
         engine.begin_epoch(engine.epoch, args.num_train_epochs, engine.epoch_based)
 
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer.engine.fail_if_training_loss_was_nonfinite(state.global_step)
+
     def on_step_end(self, args, state, control, **kwargs):
         engine = self.trainer.engine
         state.epoch = engine.epochs_read()

@@ -41,6 +41,12 @@ class ModelArguments:
             raise ValueError(f"--drop_rate must be in [0, 1), got {self.drop_rate!r}")
 
 
+def model_flags(args: ModelArguments) -> dict:
+    """The flags that decide the model's shapes: recorded with each checkpoint and compared when a run resumes
+    (engine/run_record.py)."""
+    return {"--model": args.model}
+
+
 def build_model(
     model_args: ModelArguments,
     num_labels: int,

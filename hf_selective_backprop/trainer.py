@@ -63,6 +63,9 @@ class SelectiveBackpropMixin:
     _loops_started = 0
     #: For 'rholoss': the column or reference model that gives the irreducible losses.
     _reference: reference.Reference | None = None
+    #: The command-line flags the model was built from ({"--num_layers": 2, ...}), set by the scripts: recorded
+    #: with each checkpoint, so that a resume with other ones is refused before data (run_record.check_model_flags).
+    model_flags: dict | None = None
 
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
         given = selective_arguments(args, kwargs)
@@ -164,7 +167,9 @@ class SelectiveBackpropMixin:
             loader = _compat.dataloader(
                 self, self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler, collator
             )
-        self.engine.attach(loader, self._planned_sampler, data_state, run_record.describe(args, self.train_dataset))
+        self.engine.attach(loader, self._planned_sampler, data_state, run_record.describe(
+            args, self.train_dataset, self.accelerator.unwrap_model(self.model), self.model_flags
+        ))
         return loader
 
     def _get_train_sampler(self, train_dataset=None):
@@ -320,6 +325,8 @@ class SelectiveBackpropMixin:
         resume_from_checkpoint = state_files.resume_target(
             resume_from_checkpoint, self.args.output_dir, selecting=self.selector is not None
         )
+        if self.selector is not None and isinstance(resume_from_checkpoint, str):
+            run_record.check_model(resume_from_checkpoint, self.accelerator.unwrap_model(self.model))
         try:
             output = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:

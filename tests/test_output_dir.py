@@ -152,6 +152,7 @@ def script(request, review_folder, monkeypatch):
         runpy.run_path(str(ROOT / "scripts" / name), run_name="__main__")
 
     run.loads = loads
+    run.name = name
     return run
 
 
@@ -192,6 +193,20 @@ def test_a_users_checkpoint_folder_survives_and_an_unfinished_run_resumes_only_w
            "--resume_from_checkpoint", str(last), "--num_train_epochs", "2")
     assert notes.read_text() == "the user's own notes"
     assert len(checkpoint_steps(out)) == 2 and max(checkpoint_steps(out)) > int(last.name.split("-")[1])
+
+
+def test_a_resume_with_another_model_flag_is_refused_before_any_data_is_read(script, tmp_path):
+    out = tmp_path / "run"
+    script(out, "--save_strategy", "steps", "--save_steps", "1")
+    last = max(out.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    loads = len(script.loads)
+    # A later flag overrides the common arguments' one.
+    flag, saved, now = ("--model", "'resnet18'", "resnet34") if script.name == "train.py" else ("--num_layers", 1, 2)
+    with pytest.raises(ValueError, match=rf"^Cannot resume from .*{last.name}: the model flags differ from the saved "
+                       rf"run's:\n  {flag}: saved {saved}, now '?{now}'?\n.*resume with the saved values"):
+        script(out, "--save_strategy", "steps", "--save_steps", "1", "--resume_from_checkpoint", str(last),
+               flag, str(now), "--num_train_epochs", "2")
+    assert len(script.loads) == loads  # refused before any data was loaded
 
 
 # ---- one run per folder ---------------------------------------------------------------------------

@@ -335,7 +335,9 @@ class SelectionEngine:
         A strategy that decides before loading (InfoBatch, a planned Stale-SB epoch) trains rows no
         selection forward scored, so a model that diverged is first seen here."""
         nonfinite = (~torch.isfinite(loss.detach())).sum()
-        self._training_nonfinite = nonfinite if self._training_nonfinite is None else self._training_nonfinite + nonfinite
+        if self._training_nonfinite is not None:
+            nonfinite = nonfinite + self._training_nonfinite
+        self._training_nonfinite = nonfinite
 
     def fail_if_training_loss_was_nonfinite(self, step: int) -> None:
         """Stop before an optimizer step whose loss (on some rank) was NaN or inf: it would make every weight

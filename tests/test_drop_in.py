@@ -250,9 +250,24 @@ def test_kept_rows_the_run_ended_before_training_are_counted_and_said(output_dir
     assert stats["backwards"] + stats["queued_at_end"] == stats["kept"]
     said = [r.getMessage() for r in caplog.records if "still queued when the run ended" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(f"{stats['queued_at_end']} rows")
+    assert "fewer than one optimizer step takes (8 rows)" in said[0]
     card = Path(trainer.create_model_card()).read_text()
-    row = "kept rows left untrained when the run ended (fewer than one optimizer step)"
+    row = "kept rows left untrained when the run ended"
     assert f"| {row} | {stats['queued_at_end']} |" in card
+
+
+def test_kept_rows_a_step_based_run_ended_before_are_counted_in_optimizer_steps(output_dir, caplog):
+    # One step from a selection batch of 256: the rows left were several steps' worth, said to be less than one.
+    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.trainer"):
+        trainer = SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(256), args=make_config(
+            output_dir, sb_keep=0.5, max_steps=1, sb_selection_batch_size=256))
+        trainer.train()
+    queued = trainer.sb_stats["queued_at_end"]
+    assert queued >= 2 * 8
+    said = [r.getMessage() for r in caplog.records if "still queued when the run ended" in r.getMessage()]
+    assert len(said) == 1 and "fewer than one optimizer step" not in said[0]
+    assert f"{queued} rows that selection kept were still queued when the run ended, {queued / 8:.1f} optimizer " \
+           "steps' worth (8 rows a step) that the run ended before taking" in said[0]
 
 
 def test_a_kept_fraction_well_below_the_expected_one_is_explained():

@@ -295,6 +295,7 @@ def _saved_run(output_dir, **overrides):
     ("model.safetensors", lambda data: data[: len(data) // 2]),
     ("optimizer.pt", lambda data: b"garbage" * 10),
     ("sb_state.pt", lambda data: data[:-100]),
+    ("trainer_state.json", lambda data: data[: len(data) // 2]),  # passed over without a word
 ])
 def test_an_unreadable_file_sends_resume_true_to_the_previous_checkpoint_and_an_explicit_resume_to_an_error(
         output_dir, caplog, damaged, damage):

@@ -42,9 +42,9 @@ def atomic_save(obj, path: str) -> None:
 def unreadable_files(folder: str) -> list[str]:
     """The checkpoint files in ``folder`` that a resume could not load: truncated or garbage.
 
-    Cheap checks, no file is loaded: a torch file (``.pt``, ``.pth``, ``.bin``: torch.save's zip format) needs
+    Cheap checks, no tensor is loaded: a torch file (``.pt``, ``.pth``, ``.bin``: torch.save's zip format) needs
     its zip directory, which is written last; a ``.safetensors`` file needs a JSON header whose tensors end
-    where the file does.
+    where the file does; trainer_state.json must parse.
     """
     bad = []
     for name in sorted(os.listdir(folder)):
@@ -55,7 +55,18 @@ def unreadable_files(folder: str) -> list[str]:
             bad.append(name)
         elif name.endswith(".safetensors") and not _safetensors_whole(path):
             bad.append(name)
+        elif name == TRAINER_STATE_NAME and not _json_whole(path):
+            bad.append(name)
     return bad
+
+
+def _json_whole(path: str) -> bool:
+    try:
+        with open(path) as handle:
+            json.load(handle)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _opens_as_zip(path: str) -> bool:
@@ -86,12 +97,7 @@ def is_complete_checkpoint(folder: str) -> bool:
     state = os.path.join(folder, TRAINER_STATE_NAME)
     if not (os.path.isfile(os.path.join(folder, STATE_FILE)) and os.path.isfile(state)):
         return False
-    try:
-        with open(state) as handle:
-            json.load(handle)
-    except (OSError, ValueError):
-        return False
-    return not unreadable_files(folder)
+    return not unreadable_files(folder)  # trainer_state.json included
 
 
 def last_complete_checkpoint(output_dir: str) -> str | None:

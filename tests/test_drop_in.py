@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from tiny import TinyClassifier, make_config, make_dataset
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel, Trainer
 
-from hf_selective_backprop import SelectiveBackpropTrainer
+from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
 from hf_selective_backprop.losses import logits_of, per_example_loss_for
 
 
@@ -317,8 +318,26 @@ def test_a_save_only_model_checkpoint_is_refused_for_resume(output_dir):
     checkpoint = _saved_run(output_dir, save_only_model=True)[-1]
     trainer = SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(64),
                                        args=make_config(output_dir, sb_keep=0.5, num_train_epochs=3))
-    with pytest.raises(ValueError, match=r"has no optimizer.pt: it was saved with --save_only_model"):
+    with pytest.raises(ValueError, match=r"has no optimizer.pt: it was saved with save_only_model=True") as refused:
         trainer.train(resume_from_checkpoint=str(checkpoint))
+    # The advice names what exists where it is read: the Python API has no --model_name_or_path.
+    assert f"the model loaded with from_pretrained('{checkpoint}') and no resume_from_checkpoint" in str(refused.value)
+    assert "--" not in str(refused.value)
+
+
+def test_the_save_only_model_refusal_of_the_scripts_names_flags_they_have(output_dir):
+    from dataclasses import fields
+
+    from hf_selective_backprop.engine.checkpoints import require_resumable
+    from hf_selective_backprop.text_models import TextModelArguments
+
+    checkpoint = _saved_run(output_dir, save_only_model=True)[-1]
+    with pytest.raises(ValueError, match=rf"saved with --save_only_model.*\(--model_name_or_path {checkpoint} and "
+                       r"no --resume_from_checkpoint\)") as refused:
+        require_resumable(str(checkpoint), "--resume_from_checkpoint")
+    named = set(re.findall(r"--(\w+)", str(refused.value)))
+    flags = {f.name for f in fields(TextModelArguments)} | {f.name for f in fields(SelectiveBackpropConfig)}
+    assert named <= flags, named - flags  # scripts/train_text.py and train_sft.py have each
 
 
 def test_warmup_that_covers_the_whole_run_is_warned_of(output_dir):

@@ -136,11 +136,16 @@ def require_resumable(checkpoint: str, flag: str = "resume_from_checkpoint") -> 
     # DeepSpeed and FSDP keep the optimizer in subfolders of their own (global_stepN/, optimizer_0/).
     sharded = any(os.path.isdir(os.path.join(checkpoint, name)) for name in entries)
     if not sharded and not {OPTIMIZER_NAME, OPTIMIZER_NAME_BIN} & set(entries):
+        # The scripts' flags on the command line, the Python API's arguments otherwise.
+        if flag.startswith("--"):
+            setting, new_run = "--save_only_model", f"--model_name_or_path {checkpoint} and no {flag}"
+        else:
+            setting = "save_only_model=True"
+            new_run = f"the model loaded with from_pretrained({checkpoint!r}) and no {flag}"
         raise ValueError(
-            f"{flag} {checkpoint!r} has no {OPTIMIZER_NAME}: it was saved with --save_only_model, and a resume "
-            "would continue with a fresh optimizer and learning-rate schedule. Start a new run from its weights "
-            "instead (--model_name_or_path / from_pretrained), or resume from a checkpoint saved without "
-            "--save_only_model"
+            f"{flag} {checkpoint!r} has no {OPTIMIZER_NAME}: it was saved with {setting}, and a resume would "
+            "continue with a fresh optimizer and learning-rate schedule. Start a new run from its weights instead "
+            f"({new_run}), or resume from a checkpoint saved without {setting}"
         )
 
 

@@ -271,6 +271,17 @@ def test_kept_rows_a_step_based_run_ended_before_are_counted_in_optimizer_steps(
            "steps' worth (8 rows a step) that the run ended before taking" in said[0]
 
 
+def test_global_step_never_exceeds_the_max_steps_the_state_reports(output_dir):
+    # An epoch-based run's max_steps is the expected step count: this run keeps more and makes 9 steps of 8.
+    trainer = SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(64), args=make_config(
+        output_dir, sb_strategy="kath18", num_train_epochs=3, save_strategy="steps", save_steps=1))
+    trainer.train()
+    assert trainer.sb_stats["expected_steps"] < trainer.state.global_step <= trainer.state.max_steps
+    for folder in Path(output_dir).glob("checkpoint-*"):
+        saved = json.loads((folder / "trainer_state.json").read_text())
+        assert saved["global_step"] <= saved["max_steps"], folder.name
+
+
 def test_a_kept_fraction_well_below_the_expected_one_is_explained():
     from hf_selective_backprop.engine.accounting import end_of_run_notes
 

@@ -100,6 +100,38 @@ def test_a_resume_from_another_folders_checkpoint_rotates_none_of_this_folders(t
     assert checkpoint_steps(first) == steps
 
 
+def shard(checkpoint: Path) -> None:
+    """Turn the checkpoint's model.safetensors into one shard per tensor and an index, as a sharded save writes."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(checkpoint / "model.safetensors")
+    (checkpoint / "model.safetensors").unlink()
+    names = {key: f"model-{i + 1:05d}-of-{len(weights):05d}.safetensors" for i, key in enumerate(weights)}
+    for key, name in names.items():
+        save_file({key: weights[key]}, checkpoint / name)
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": names}))
+
+
+def recorded_steps(checkpoint: Path) -> list[int]:
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return state["stateful_callbacks"]["RunCheckpoints"]["attributes"]["steps"]
+
+
+def test_a_resume_from_a_sharded_checkpoint_records_the_later_checkpoints_as_the_uninterrupted_run(tmp_path):
+    # The later folders hold model.safetensors, which the sharded one resumed from does not: they went
+    # unrecorded, so rotation no longer managed them.
+    out = tmp_path / "out"
+    train(out, save_total_limit=None, num_train_epochs=3)
+    steps = checkpoint_steps(out)
+    assert len(steps) >= 3
+    uninterrupted = recorded_steps(out / f"checkpoint-{steps[-1]}")
+    assert uninterrupted == steps
+    shard(out / f"checkpoint-{steps[0]}")
+    train(out, resume=str(out / f"checkpoint-{steps[0]}"), save_total_limit=None, num_train_epochs=3)
+    assert checkpoint_steps(out) == steps
+    assert recorded_steps(out / f"checkpoint-{steps[-1]}") == uninterrupted
+
+
 def test_keeping_only_the_best_checkpoint_at_the_end_spares_other_folders(tmp_path):
     # With load_best_model_at_end and save_total_limit=1 the Trainer deletes every checkpoint but the best.
     out = tmp_path / "out"

@@ -72,7 +72,9 @@ class SelectionFlowCallback(DefaultFlowCallback):
         try:
             control = super().on_step_end(args, state, control, **kwargs)
         finally:
-            state.max_steps = expected
+            # An estimate the run has outlived (it kept more rows than expected) is raised to the steps taken:
+            # the state's global_step never exceeds its max_steps, in the checkpoints saved after this step too.
+            state.max_steps = max(expected, state.global_step)
         if ends:
             self.ended_at_step = state.global_step
         return control

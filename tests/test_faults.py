@@ -15,8 +15,8 @@ import os
 import pytest
 import torch
 from datasets import Dataset
-from transformers import TrainerCallback
 from tiny import CLASSES, FEATURES, TinyClassifier, make_config, make_dataset
+from transformers import TrainerCallback
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
 from hf_selective_backprop.engine.queue import BatchQueue

@@ -70,6 +70,14 @@ class ModelArguments:
         return self.model_name_or_path if self.model_name_or_path is not None else self.model
 
 
+def model_flags(args: ModelArguments) -> dict:
+    """The flags that decide the model's shapes: recorded with each checkpoint and compared when a run resumes
+    (engine/run_record.py). A fine-tuning run's model is the checkpoint it started from; --model is unused."""
+    if args.model_name_or_path is not None:
+        return {"--model_name_or_path": args.model_name_or_path}
+    return {"--model": args.model}
+
+
 def build_model(
     model_args: ModelArguments,
     num_labels: int,

@@ -1,15 +1,20 @@
 """One run per output folder: a lock file that the scripts claim before they read any data.
 
 The scripts refuse a folder that holds files, but two runs started at once both find it empty and would
-write one folder (a checkpoint holding one run's weights and the other's ``trainer_state.json``). The first
-to create the lock file (``O_EXCL``: atomic on a local or NFSv3+ file system) owns the folder until it
-exits; the second is refused. A lock whose process is gone from this host, or that was left half written
-long ago, is stale and taken over with a warning.
+write one folder (a checkpoint holding one run's weights and the other's ``trainer_state.json``). A run owns
+the folder while it holds an exclusive ``flock`` on the lock file, kept open for the run's life: the kernel
+grants it to one process only and releases it when that process dies, so taking over a killed run's lock
+deletes nothing and leaves no window in which two processes both find it free (deleting a stale lock and
+creating another did: two processes that both read the stale lock could both own the folder). The file holds
+the owner's host and pid for the messages. A free lock naming another host (whose process cannot be checked,
+nor its ``flock`` on every file system), or a live process of this host and no ``flock`` (a run of an older
+version), is still refused; one naming a process gone from this host is taken over with a warning.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -23,8 +28,6 @@ logger = logging.getLogger(__name__)
 #: In the output folder while a run writes it. The leading underscore keeps it out of the Trainer's
 #: ``push_to_hub`` uploads, which skip ``_*``.
 LOCK_FILE = "_sb_run.lock"
-#: A lock file this old that holds no owner is a leftover of a claim killed between create and write.
-UNWRITTEN_LOCK_SECONDS = 10.0
 
 
 @contextlib.contextmanager
@@ -33,32 +36,48 @@ def claimed(output_dir: str):
     if not PartialState().is_main_process:
         yield
         return
-    path = _claim(output_dir)
+    lock = _claim(output_dir)
     try:
         yield
     finally:
-        _release(path)
+        _release(lock)
 
 
-def _claim(output_dir: str) -> str:
+def _claim(output_dir: str) -> tuple[str, int]:
+    """The lock file's path and the descriptor holding its ``flock``; refused if another run holds it."""
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, LOCK_FILE)
-    owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
-    for _ in range(3):
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = _holder(path)
-            if _live(holder, path):
-                raise ValueError(_in_use(output_dir, holder, path)) from None
-            logger.warning("--output_dir %r: taking over the lock of a run that is gone (%s)", output_dir, holder)
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(path)
-            continue
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(owner, handle)
-        return path
-    raise ValueError(_in_use(output_dir, _holder(path), path))
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(descriptor)
+            raise ValueError(_in_use(output_dir, _holder(path), path)) from None
+        if _same_file(descriptor, path):
+            break
+        # The owner this descriptor waited on has released the folder and deleted this file: claim the
+        # one at the path now (or a newer claimant's) instead of an unlinked copy.
+        os.close(descriptor)
+    holder = _holder(path)
+    if holder is not None:
+        if _live(holder):
+            os.close(descriptor)
+            raise ValueError(_in_use(output_dir, holder, path))
+        logger.warning("--output_dir %r: taking over the lock of a run that is gone (%s)", output_dir, holder)
+    owner = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time(), "flock": True}
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, json.dumps(owner).encode(), 0)
+    return path, descriptor
+
+
+def _same_file(descriptor: int, path: str) -> bool:
+    try:
+        on_disk = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(descriptor)
+    return (held.st_dev, held.st_ino) == (on_disk.st_dev, on_disk.st_ino)
 
 
 def _holder(path: str) -> dict | None:
@@ -70,14 +89,12 @@ def _holder(path: str) -> dict | None:
     return holder if isinstance(holder, dict) and "pid" in holder else None
 
 
-def _live(holder: dict | None, path: str) -> bool:
-    if holder is None:  # being written now, or left unwritten by a kill
-        try:
-            return time.time() - os.path.getmtime(path) < UNWRITTEN_LOCK_SECONDS
-        except FileNotFoundError:
-            return False
+def _live(holder: dict) -> bool:
+    """Whether the run a lock file names may still run, its ``flock`` being free."""
     if holder.get("host") != socket.gethostname():
         return True  # another machine's process cannot be checked from here
+    if holder.get("flock"):
+        return False  # its owner held the flock until it ended, even if its pid has been reused since
     try:
         os.kill(int(holder["pid"]), 0)
     except ProcessLookupError:
@@ -95,8 +112,12 @@ def _in_use(output_dir: str, holder: dict | None, path: str) -> str:
     )
 
 
-def _release(path: str) -> None:
-    holder = _holder(path)
-    if holder is not None and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
-        with contextlib.suppress(FileNotFoundError):
+def _release(lock: tuple[str, int]) -> None:
+    # Deleted while still held: a process that opened this file meanwhile finds it unlinked once its
+    # ``flock`` is granted, and claims the file at the path instead (_claim).
+    path, descriptor = lock
+    try:
+        if _same_file(descriptor, path):
             os.remove(path)
+    finally:
+        os.close(descriptor)

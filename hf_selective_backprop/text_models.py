@@ -47,6 +47,18 @@ class TextModelArguments:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
 
 
+def model_flags(args: TextModelArguments) -> dict:
+    """The flags that decide the model's shapes (those that apply): recorded with each checkpoint and compared
+    when a run resumes (engine/run_record.py)."""
+    flags = {"--model_name_or_path": args.model_name_or_path, "--tokenizer_name": args.tokenizer_name}
+    if args.model_name_or_path is None:
+        flags.update({"--num_layers": args.num_layers, "--hidden_size": args.hidden_size,
+                      "--num_heads": args.num_heads, "--intermediate_size": args.intermediate_size})
+    if args.model_name_or_path is None and args.tokenizer_name is None:
+        flags["--vocab_size"] = args.vocab_size  # a tokenizer learnt from the training split
+    return flags
+
+
 def load_tokenizer(args: TextModelArguments):
     """The named tokenizer (or the model's), or None when one must be trained."""
     name = args.tokenizer_name or args.model_name_or_path

@@ -64,6 +64,9 @@ class SelectiveBackpropMixin:
     _loops_started = 0
     #: For 'rholoss': the column or reference model that gives the irreducible losses.
     _reference: reference.Reference | None = None
+    #: The command-line flags the model was built from ({"--num_layers": 2, ...}), set by the scripts: recorded
+    #: with each checkpoint, so that a resume with other ones is refused before data (run_record.check_model_flags).
+    model_flags: dict | None = None
 
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
         given = selective_arguments(args, kwargs)
@@ -167,7 +170,9 @@ class SelectiveBackpropMixin:
             loader = _compat.dataloader(
                 self, self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler, collator
             )
-        self.engine.attach(loader, self._planned_sampler, data_state, run_record.describe(args, self.train_dataset))
+        self.engine.attach(loader, self._planned_sampler, data_state, run_record.describe(
+            args, self.train_dataset, self.accelerator.unwrap_model(self.model), self.model_flags
+        ))
         return loader
 
     def _get_train_sampler(self, train_dataset=None):
@@ -280,7 +285,11 @@ class SelectiveBackpropMixin:
             return super().training_step(model, inputs, *args, **kwargs)
         refreshes = self.engine.records_training_losses
         with self._step_extras.carried(inputs, type(self).__name__, self.args.sb_strategy, refreshes) as inputs:
-            return super().training_step(model, inputs, *args, **kwargs)
+            loss = super().training_step(model, inputs, *args, **kwargs)
+        # Checked before the optimizer step (SelectionFlowCallback): the Trainer's logging_nan_inf_filter
+        # only hides such a loss from the logs.
+        self.engine.observe_training_loss(loss)
+        return loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.selector is None:
@@ -340,6 +349,8 @@ class SelectiveBackpropMixin:
         resume_from_checkpoint = state_files.resume_target(
             resume_from_checkpoint, self.args.output_dir, selecting=self.selector is not None
         )
+        if self.selector is not None and isinstance(resume_from_checkpoint, str):
+            run_record.check_model(resume_from_checkpoint, self.accelerator.unwrap_model(self.model))
         try:
             output = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:

@@ -17,10 +17,11 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 from .cards import hub_dataset_id, training_costs
 from .config import SelectiveBackpropConfig
 from .data import DataArguments, load_image_data
+from .engine import run_record
 from .engine.accounting import STATS_FILE, write_stats
 from .engine.checkpoints import STATE_FILE, last_complete_checkpoint, require_resumable
 from .metrics import compute_metrics
-from .models import ModelArguments, build_model
+from .models import ModelArguments, build_model, model_flags
 from .output_lock import LOCK_FILE, claimed
 from .trainer import SelectiveBackpropTrainer
 
@@ -208,6 +209,7 @@ def train_image_classifier(
     # These checks are cheap; none of these mistakes should cost a decode of the dataset first.
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
+    run_record.check_model_flags(checkpoint, model_flags(model_args))
     check_output_dir_is_free(config.output_dir, checkpoint, overwrite_output_dir)
     if data_args.eval_split is None and config.eval_strategy != "no":
         raise ValueError(
@@ -232,6 +234,7 @@ def _train(config: SelectiveBackpropConfig, data_args: DataArguments, model_args
         eval_dataset=data.eval,
         compute_metrics=compute_metrics,
     )
+    trainer.model_flags = model_flags(model_args)
     train_output = trainer.train(resume_from_checkpoint=checkpoint)
     # As the Hugging Face example scripts do: train_results.json, read by the benchmarks for a reference's cost.
     trainer.save_metrics("train", train_output.metrics)

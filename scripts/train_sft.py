@@ -26,9 +26,10 @@ from hf_selective_backprop.data.text import (
     texts_of,
     train_wordpiece_tokenizer,
 )
+from hf_selective_backprop.engine import run_record
 from hf_selective_backprop.engine.accounting import STATS_FILE, write_stats
 from hf_selective_backprop.output_lock import claimed
-from hf_selective_backprop.text_models import TextModelArguments, build_text_model, load_tokenizer
+from hf_selective_backprop.text_models import TextModelArguments, build_text_model, load_tokenizer, model_flags
 from hf_selective_backprop.workflow import (
     OutputArguments,
     check_output_dir,
@@ -95,6 +96,7 @@ def main() -> None:
     config, data_args, model_args, output_args = parser.parse_args_into_dataclasses()
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
+    run_record.check_model_flags(checkpoint, model_flags(model_args))
     check_output_dir_is_free(config.output_dir, checkpoint, output_args.overwrite_output_dir)
     with claimed(config.output_dir):
         run(config, data_args, model_args, checkpoint)
@@ -143,6 +145,7 @@ def run(config, data_args: SFTDataArguments, model_args: TextModelArguments, che
     trainer = SelectiveBackpropSFTTrainer(
         model=model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer
     )
+    trainer.model_flags = model_flags(model_args)
     train_output = trainer.train(resume_from_checkpoint=checkpoint)
     stats = training_costs(trainer)
 

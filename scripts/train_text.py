@@ -31,10 +31,17 @@ from hf_selective_backprop.data.text import (
     tokenize,
     train_wordpiece_tokenizer,
 )
+from hf_selective_backprop.engine import run_record
 from hf_selective_backprop.engine.accounting import STATS_FILE, write_stats
 from hf_selective_backprop.metrics import compute_metrics
 from hf_selective_backprop.output_lock import claimed
-from hf_selective_backprop.text_models import PIPELINE_TAGS, TextModelArguments, build_text_model, load_tokenizer
+from hf_selective_backprop.text_models import (
+    PIPELINE_TAGS,
+    TextModelArguments,
+    build_text_model,
+    load_tokenizer,
+    model_flags,
+)
 from hf_selective_backprop.workflow import (
     OutputArguments,
     check_output_dir,
@@ -64,6 +71,7 @@ def main() -> None:
     config, data_args, model_args, output_args = parser.parse_args_into_dataclasses()
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
+    run_record.check_model_flags(checkpoint, model_flags(model_args))
     check_output_dir_is_free(config.output_dir, checkpoint, output_args.overwrite_output_dir)
     with claimed(config.output_dir):
         run(config, data_args, model_args, checkpoint)
@@ -114,6 +122,7 @@ def run(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_arg
         compute_metrics=compute_metrics if classification else None,
     )
 
+    trainer.model_flags = model_flags(model_args)
     trainer.train(resume_from_checkpoint=checkpoint)
     stats = training_costs(trainer)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from tiny import TinyClassifier, make_config, make_dataset
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel, Trainer
 
-from hf_selective_backprop import SelectiveBackpropTrainer
+from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
 from hf_selective_backprop.losses import logits_of, per_example_loss_for
 
 
@@ -250,9 +251,35 @@ def test_kept_rows_the_run_ended_before_training_are_counted_and_said(output_dir
     assert stats["backwards"] + stats["queued_at_end"] == stats["kept"]
     said = [r.getMessage() for r in caplog.records if "still queued when the run ended" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(f"{stats['queued_at_end']} rows")
+    assert "fewer than one optimizer step takes (8 rows)" in said[0]
     card = Path(trainer.create_model_card()).read_text()
-    row = "kept rows left untrained when the run ended (fewer than one optimizer step)"
+    row = "kept rows left untrained when the run ended"
     assert f"| {row} | {stats['queued_at_end']} |" in card
+
+
+def test_kept_rows_a_step_based_run_ended_before_are_counted_in_optimizer_steps(output_dir, caplog):
+    # One step from a selection batch of 256: the rows left were several steps' worth, said to be less than one.
+    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.trainer"):
+        trainer = SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(256), args=make_config(
+            output_dir, sb_keep=0.5, max_steps=1, sb_selection_batch_size=256))
+        trainer.train()
+    queued = trainer.sb_stats["queued_at_end"]
+    assert queued >= 2 * 8
+    said = [r.getMessage() for r in caplog.records if "still queued when the run ended" in r.getMessage()]
+    assert len(said) == 1 and "fewer than one optimizer step" not in said[0]
+    assert f"{queued} rows that selection kept were still queued when the run ended, {queued / 8:.1f} optimizer " \
+           "steps' worth (8 rows a step) that the run ended before taking" in said[0]
+
+
+def test_global_step_never_exceeds_the_max_steps_the_state_reports(output_dir):
+    # An epoch-based run's max_steps is the expected step count: this run keeps more and makes 9 steps of 8.
+    trainer = SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(64), args=make_config(
+        output_dir, sb_strategy="kath18", num_train_epochs=3, save_strategy="steps", save_steps=1))
+    trainer.train()
+    assert trainer.sb_stats["expected_steps"] < trainer.state.global_step <= trainer.state.max_steps
+    for folder in Path(output_dir).glob("checkpoint-*"):
+        saved = json.loads((folder / "trainer_state.json").read_text())
+        assert saved["global_step"] <= saved["max_steps"], folder.name
 
 
 def test_a_kept_fraction_well_below_the_expected_one_is_explained():
@@ -280,6 +307,7 @@ def _saved_run(output_dir, **overrides):
     ("model.safetensors", lambda data: data[: len(data) // 2]),
     ("optimizer.pt", lambda data: b"garbage" * 10),
     ("sb_state.pt", lambda data: data[:-100]),
+    ("trainer_state.json", lambda data: data[: len(data) // 2]),  # passed over without a word
 ])
 def test_an_unreadable_file_sends_resume_true_to_the_previous_checkpoint_and_an_explicit_resume_to_an_error(
         output_dir, caplog, damaged, damage):
@@ -301,8 +329,26 @@ def test_a_save_only_model_checkpoint_is_refused_for_resume(output_dir):
     checkpoint = _saved_run(output_dir, save_only_model=True)[-1]
     trainer = SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(64),
                                        args=make_config(output_dir, sb_keep=0.5, num_train_epochs=3))
-    with pytest.raises(ValueError, match=r"has no optimizer.pt: it was saved with --save_only_model"):
+    with pytest.raises(ValueError, match=r"has no optimizer.pt: it was saved with save_only_model=True") as refused:
         trainer.train(resume_from_checkpoint=str(checkpoint))
+    # The advice names what exists where it is read: the Python API has no --model_name_or_path.
+    assert f"the model loaded with from_pretrained('{checkpoint}') and no resume_from_checkpoint" in str(refused.value)
+    assert "--" not in str(refused.value)
+
+
+def test_the_save_only_model_refusal_of_the_scripts_names_flags_they_have(output_dir):
+    from dataclasses import fields
+
+    from hf_selective_backprop.engine.checkpoints import require_resumable
+    from hf_selective_backprop.text_models import TextModelArguments
+
+    checkpoint = _saved_run(output_dir, save_only_model=True)[-1]
+    with pytest.raises(ValueError, match=rf"saved with --save_only_model.*\(--model_name_or_path {checkpoint} and "
+                       r"no --resume_from_checkpoint\)") as refused:
+        require_resumable(str(checkpoint), "--resume_from_checkpoint")
+    named = set(re.findall(r"--(\w+)", str(refused.value)))
+    flags = {f.name for f in fields(TextModelArguments)} | {f.name for f in fields(SelectiveBackpropConfig)}
+    assert named <= flags, named - flags  # scripts/train_text.py and train_sft.py have each
 
 
 def test_warmup_that_covers_the_whole_run_is_warned_of(output_dir):

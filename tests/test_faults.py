@@ -16,6 +16,7 @@ import pytest
 import torch
 from datasets import Dataset
 from tiny import CLASSES, FEATURES, TinyClassifier, make_config, make_dataset
+from transformers import TrainerCallback
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
 from hf_selective_backprop.engine.queue import BatchQueue
@@ -138,6 +139,41 @@ def test_every_loss_nonfinite_fails_fast_instead_of_hanging(length, output_dir):
         trainer.train()
     assert trainer.state.global_step == 0
     assert all_finite(trainer.model)
+
+
+class DivergingClassifier(TinyClassifier):
+    """NaN logits once ``diverged`` is set (at the end of the first epoch), its weights staying finite."""
+
+    diverged = False
+
+    def forward(self, pixel_values, labels=None):
+        if self.diverged:
+            pixel_values = torch.full_like(pixel_values, float("nan"))
+        return super().forward(pixel_values, labels)
+
+
+class DivergesAfterFirstEpoch(TrainerCallback):
+    def on_epoch_end(self, args, state, control, model=None, **kwargs):
+        model.diverged = True
+
+
+@pytest.mark.parametrize("settings", [dict(sb_strategy="infobatch"), dict(sb_strategy="sb", sb_staleness=3)],
+                         ids=["infobatch", "stale-sb-planned-epoch"])
+def test_a_model_diverging_where_the_strategy_decides_before_loading_stops_the_run(settings, output_dir):
+    # InfoBatch and a planned Stale-SB epoch decide from stored losses, without a selection forward: the
+    # divergence shows first in the training loss, which once finished the run with every weight NaN.
+    trainer = SelectiveBackpropTrainer(
+        model=DivergingClassifier(), args=make_config(output_dir, per_device_train_batch_size=4, num_train_epochs=3,
+                                                      **settings),
+        train_dataset=make_dataset(64), callbacks=[DivergesAfterFirstEpoch()],
+    )
+    with pytest.raises(RuntimeError, match=r"the training loss of step \d+ was NaN or inf .*stopped before the "
+                       r"optimizer step.*The model's outputs are non-finite \(diverged weights, a too-high learning "
+                       r"rate"):
+        trainer.train()
+    assert trainer.model.diverged and trainer.state.epoch == pytest.approx(1.0)  # stopped in the second epoch
+    assert all_finite(trainer.model)  # no step was taken on the non-finite loss
+    assert trainer.engine.stats.nonfinite_losses == 1  # the first micro-batch that was non-finite
 
 
 # ---- hostile inputs ---------------------------------------------------------------------------

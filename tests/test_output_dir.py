@@ -100,6 +100,38 @@ def test_a_resume_from_another_folders_checkpoint_rotates_none_of_this_folders(t
     assert checkpoint_steps(first) == steps
 
 
+def shard(checkpoint: Path) -> None:
+    """Turn the checkpoint's model.safetensors into one shard per tensor and an index, as a sharded save writes."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(checkpoint / "model.safetensors")
+    (checkpoint / "model.safetensors").unlink()
+    names = {key: f"model-{i + 1:05d}-of-{len(weights):05d}.safetensors" for i, key in enumerate(weights)}
+    for key, name in names.items():
+        save_file({key: weights[key]}, checkpoint / name)
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": names}))
+
+
+def recorded_steps(checkpoint: Path) -> list[int]:
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return state["stateful_callbacks"]["RunCheckpoints"]["attributes"]["steps"]
+
+
+def test_a_resume_from_a_sharded_checkpoint_records_the_later_checkpoints_as_the_uninterrupted_run(tmp_path):
+    # The later folders hold model.safetensors, which the sharded one resumed from does not: they went
+    # unrecorded, so rotation no longer managed them.
+    out = tmp_path / "out"
+    train(out, save_total_limit=None, num_train_epochs=3)
+    steps = checkpoint_steps(out)
+    assert len(steps) >= 3
+    uninterrupted = recorded_steps(out / f"checkpoint-{steps[-1]}")
+    assert uninterrupted == steps
+    shard(out / f"checkpoint-{steps[0]}")
+    train(out, resume=str(out / f"checkpoint-{steps[0]}"), save_total_limit=None, num_train_epochs=3)
+    assert checkpoint_steps(out) == steps
+    assert recorded_steps(out / f"checkpoint-{steps[-1]}") == uninterrupted
+
+
 def test_keeping_only_the_best_checkpoint_at_the_end_spares_other_folders(tmp_path):
     # With load_best_model_at_end and save_total_limit=1 the Trainer deletes every checkpoint but the best.
     out = tmp_path / "out"
@@ -152,6 +184,7 @@ def script(request, review_folder, monkeypatch):
         runpy.run_path(str(ROOT / "scripts" / name), run_name="__main__")
 
     run.loads = loads
+    run.name = name
     return run
 
 
@@ -194,6 +227,20 @@ def test_a_users_checkpoint_folder_survives_and_an_unfinished_run_resumes_only_w
     assert len(checkpoint_steps(out)) == 2 and max(checkpoint_steps(out)) > int(last.name.split("-")[1])
 
 
+def test_a_resume_with_another_model_flag_is_refused_before_any_data_is_read(script, tmp_path):
+    out = tmp_path / "run"
+    script(out, "--save_strategy", "steps", "--save_steps", "1")
+    last = max(out.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    loads = len(script.loads)
+    # A later flag overrides the common arguments' one.
+    flag, saved, now = ("--model", "'resnet18'", "resnet34") if script.name == "train.py" else ("--num_layers", 1, 2)
+    with pytest.raises(ValueError, match=rf"^Cannot resume from .*{last.name}: the model flags differ from the saved "
+                       rf"run's:\n  {flag}: saved {saved}, now '?{now}'?\n.*resume with the saved values"):
+        script(out, "--save_strategy", "steps", "--save_steps", "1", "--resume_from_checkpoint", str(last),
+               flag, str(now), "--num_train_epochs", "2")
+    assert len(script.loads) == loads  # refused before any data was loaded
+
+
 # ---- one run per folder ---------------------------------------------------------------------------
 
 
@@ -219,3 +266,46 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(tmp_path, caplog):
         assert json.loads((out / LOCK_FILE).read_text())["pid"] == os.getpid()
     assert any("taking over the lock of a run that is gone" in r.getMessage() for r in caplog.records)
     assert not (out / LOCK_FILE).exists()
+
+
+def _contend(output_dir: str, barrier, owners) -> None:
+    """One of several processes started together: try to claim the folder, hold it until all have tried."""
+    from hf_selective_backprop.output_lock import _claim, _release
+
+    barrier.wait()
+    try:
+        lock = _claim(output_dir)
+    except ValueError:
+        lock = None
+    else:
+        with owners.get_lock():
+            owners.value += 1
+    barrier.wait()  # every process has tried while the owner still holds the folder
+    if lock is not None:
+        _release(lock)
+
+
+@pytest.mark.parametrize("stale", [True, False], ids=["stale-lock", "empty-folder"])
+def test_processes_started_together_claim_a_folder_exactly_once(stale, tmp_path):
+    # Taking over a stale lock by deleting it and creating another let two processes that both found it
+    # own the folder at once; each trial here must end with exactly one owner.
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    processes, trials = 4, 30
+    for trial in range(trials):
+        out = tmp_path / f"run{trial}"
+        out.mkdir()
+        if stale:
+            (out / LOCK_FILE).write_text(json.dumps({"host": socket.gethostname(), "pid": gone.pid}))
+        barrier, owners = context.Barrier(processes), context.Value("i", 0)
+        workers = [context.Process(target=_contend, args=(str(out), barrier, owners)) for _ in range(processes)]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(timeout=60)
+        assert all(worker.exitcode == 0 for worker in workers)
+        assert owners.value == 1, f"trial {trial}: {owners.value} processes own the folder"
+        assert not (out / LOCK_FILE).exists()  # the owner released it

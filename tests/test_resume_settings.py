@@ -11,8 +11,9 @@ import re
 import warnings
 
 import pytest
-from tiny import TinyClassifier, make_config, make_dataset
-from transformers import TrainerCallback
+import torch
+from tiny import CLASSES, FEATURES, TinyClassifier, make_config, make_dataset
+from transformers import PretrainedConfig, TrainerCallback
 
 from hf_selective_backprop import SelectiveBackpropTrainer
 
@@ -138,3 +139,27 @@ def test_other_training_settings_continue_with_one_warning_that_lists_them(check
 def test_the_same_settings_resume_without_a_warning(checkpoint, tmp_path):
     _, ours = resume(checkpoint, str(tmp_path), save_strategy="steps", save_steps=3)
     assert ours == []
+
+
+class SizedClassifier(TinyClassifier):
+    """TinyClassifier with a config that states its hidden size, as a transformers model's does."""
+
+    def __init__(self, hidden: int = 16):
+        super().__init__()
+        self.config = PretrainedConfig(hidden_size=hidden)
+        self.net[0], self.net[3] = torch.nn.Linear(FEATURES, hidden), torch.nn.Linear(hidden, CLASSES)
+
+
+def test_a_resume_into_another_model_is_refused_naming_what_differs(tmp_path):
+    # Loading the weights failed with torch's raw "size mismatch" (or, for the same shapes, not at all).
+    settings = dict(SAVED, save_steps=3, max_steps=3)
+    SelectiveBackpropTrainer(model=SizedClassifier(), args=make_config(str(tmp_path / "saved"), **settings),
+                             train_dataset=make_dataset(N)).train()
+    trainer = SelectiveBackpropTrainer(model=SizedClassifier(hidden=32), args=make_config(str(tmp_path / "out"),
+                                       **settings), train_dataset=make_dataset(N))
+    started = TrainingStarted()
+    trainer.add_callback(started)
+    with pytest.raises(ValueError, match=r"checkpoint-3: this run's model differs from the saved one:\n  the "
+                       r"model's hidden_size: saved 16, now 32\n"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "saved" / "checkpoint-3"))
+    assert started.events == []

@@ -242,6 +242,22 @@ def test_a_saved_reference_of_another_label_count_or_input_size_is_refused(tmp_p
         SelectiveBackpropTrainer(model=_timm(3, 16), args=args, train_dataset=images.with_format("torch"))
 
 
+def test_a_saved_language_model_as_an_image_runs_reference_is_refused_as_not_an_image_classifier(tmp_path):
+    # Its config's default num_labels (2) was compared instead: "has 2 labels".
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    folder = tmp_path / "reference"
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=8, n_head=2, vocab_size=20, n_positions=16)).save_pretrained(folder)
+    args = SelectiveBackpropConfig(
+        output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], sb_strategy="rholoss",
+        sb_reference_model=str(folder),
+    )
+    images = Dataset.from_dict({"pixel_values": torch.zeros(4, 3, 16, 16).tolist(), "labels": [0, 1, 0, 1]})
+    with pytest.raises(ValueError, match=rf"--sb_reference_model '{folder}' is not an image classifier: it is a causal "
+                       r"language model \(GPT2LMHeadModel\)"):
+        SelectiveBackpropTrainer(model=_timm(2, 16), args=args, train_dataset=images.with_format("torch"))
+
+
 def test_a_saved_reference_is_loaded_from_its_folder(tmp_path):
     folder = tmp_path / "reference"
     saved = _timm(3, 16)

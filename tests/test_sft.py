@@ -280,6 +280,20 @@ def test_the_sft_script_resumes_with_its_checkpoints_tokenizer_exactly(review_fo
         torch.testing.assert_close(resumed[name], tensor, rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.parametrize("flag, value", [("--vocab_size", "80"), ("--num_layers", "2")])
+def test_the_sft_script_refuses_a_resume_with_another_model_flag(review_folder, tmp_path, flag, value):
+    # The resumed run reuses the checkpoint's tokenizer: another --vocab_size was ignored without a word,
+    # another --num_layers failed on the weights after the data was loaded.
+    out = tmp_path / "sft"
+    run = ("--sb_strategy", "sb", "--sb_keep", "0.5", "--save_total_limit", "1")
+    _sft_script(review_folder, out, *run)
+    last = next(out.glob("checkpoint-*"))
+    saved = {"--vocab_size": 60, "--num_layers": 1}[flag]
+    with pytest.raises(ValueError, match=rf"model flags differ from the saved run's:\n  {flag}: saved {saved}, "
+                       rf"now {value}\n"):
+        _sft_script(review_folder, out, *run, "--resume_from_checkpoint", str(last), flag, value)
+
+
 def test_the_sft_card_heads_its_results_with_the_runs_own_metric_and_names_trl(output_dir, tokenizer):
     import trl
 

@@ -1,6 +1,7 @@
 """Text data: column detection, label ids, the offline tokenizer, and scripts/train_text.py end to end."""
 
 import json
+import logging
 import os
 import runpy
 import sys
@@ -51,6 +52,43 @@ def test_missing_columns_and_splits_name_the_flag(review_folder):
         class_names(Dataset.from_dict({"y": [1, 2]}), "y")
     with pytest.raises(ValueError, match="--task must be one of text-classification, causal-lm"):
         TextDataArguments(task="summarization")
+
+
+def labelled_folder(folder: Path, labels: list) -> Path:
+    """A local dataset in the Hub layout (JSON Lines: a missing label stays None) with these train labels."""
+    folder.mkdir()
+    texts = POSITIVE + NEGATIVE
+    rows = [{"review": texts[i % len(texts)], "label": label} for i, label in enumerate(labels)]
+    (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return folder
+
+
+def test_a_missing_label_names_its_row_and_column(tmp_path):
+    # It failed with a raw TypeError from sorting the labels, naming no row.
+    labels = [0, 1] * 20
+    labels[7] = None
+    folder = labelled_folder(tmp_path / "reviews", labels)
+    with pytest.raises(ValueError, match=r"^--train_split 'train', label column 'label': no label \(None\) at row 7; "
+                       r"fix or drop that row$"):
+        load_text_data(TextDataArguments(dataset=str(folder), eval_split=None))
+
+
+def test_a_stray_label_is_warned_of_as_for_images(tmp_path, caplog):
+    # One 2 in a binary set built a 3-class model without a word.
+    labels = [0, 1] * 50
+    labels[9] = 2
+    folder = labelled_folder(tmp_path / "reviews", labels)
+    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.data.datasets"):
+        data = load_text_data(TextDataArguments(dataset=str(folder), eval_split=None))
+    assert data.label_names == ["0", "1", "2"]
+    warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+    assert any("label column 'label': class(es) 2 have 1 example(s)" in message and "a stray label?" in message
+               and "--train_split 'train': row 9 = 2 (1 row)" in message for message in warned), warned
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.data.datasets"):
+        load_text_data(TextDataArguments(dataset=str(labelled_folder(tmp_path / "clean", [0, 1, 2] * 30)),
+                                         eval_split=None))
+    assert not [record for record in caplog.records if "stray label" in record.getMessage()]
 
 
 def test_trained_tokenizer_adds_cls_and_sep_and_reloads(tmp_path):

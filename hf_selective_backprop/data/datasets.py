@@ -314,7 +314,7 @@ def _label_names(
             f"inferred, some without any example. Labels above the first missing id: {where}. Fix those "
             f"labels, or pass --num_labels {num_classes} if those classes are meant to exist"
         )
-    _warn_of_rare_classes(labels, column)
+    warn_of_rare_classes(labels, column)
     logger.info(
         "label column %r: %d classes inferred from its integer ids 0..%d in %s (--num_labels sets them)",
         column,
@@ -401,7 +401,7 @@ def _label_array(rows: datasets.Dataset, column: str, what: str) -> np.ndarray:
 RARE_CLASS_SHARE = 0.01
 
 
-def _warn_of_rare_classes(labels: dict[str, np.ndarray], column: str) -> None:
+def warn_of_rare_classes(labels: dict[str, np.ndarray], column: str) -> None:
     values = np.concatenate(list(labels.values()))
     counts = np.bincount(values[values >= 0])
     rare = np.flatnonzero(counts <= max(1.0, RARE_CLASS_SHARE * float(np.median(counts))))

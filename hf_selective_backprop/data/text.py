@@ -17,6 +17,7 @@ import pyarrow.compute
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
+from .datasets import warn_of_rare_classes
 from .sources import load_splits
 
 TASKS = ("text-classification", "causal-lm")
@@ -102,11 +103,35 @@ def load_text_data(args: TextDataArguments) -> TextData:
     if args.task == "causal-lm":
         return TextData(train, evaluation, dataset_id, text_column, None, None)
     label_column = find_label_column(train, args.label_column)
+    used = {f"--train_split {args.train_split!r}": train}
+    if evaluation is not None and label_column in evaluation.column_names:
+        used[f"--eval_split {args.eval_split!r}"] = evaluation
+    for where, split in used.items():
+        check_labels(split, label_column, where)
     names = class_names(train, label_column)
+    declared = _is_class_label(train, label_column)
     if _dtype(train, label_column) in STRING_DTYPES:
         train = _to_class_ids(train, label_column, names)
         evaluation = _to_class_ids(evaluation, label_column, names) if evaluation is not None else None
+    if not declared:  # inferred from the values: one stray label would add a class without a word
+        used = {where: train if where.startswith("--train_split") else evaluation for where in used}
+        warn_of_rare_classes({where: _class_ids(split, label_column) for where, split in used.items()}, label_column)
     return TextData(train, evaluation, dataset_id, text_column, label_column, names)
+
+
+def check_labels(split: datasets.Dataset, column: str, where: str) -> None:
+    """Refuse a missing label (None), naming its rows: sorting the labels into classes would fail on it."""
+    values = split.with_format("arrow")[column]
+    if values.null_count:
+        rows = numpy.flatnonzero(values.is_null().to_numpy(zero_copy_only=False))
+        listed = ", ".join(str(row) for row in rows[:5]) + (f", ... ({len(rows)} rows)" if len(rows) > 5 else "")
+        noun, those = ("rows", "those") if len(rows) > 1 else ("row", "that")
+        raise ValueError(f"{where}, label column {column!r}: no label (None) at {noun} {listed}; fix or drop "
+                         f"{those} {noun}")
+
+
+def _class_ids(split: datasets.Dataset, column: str) -> numpy.ndarray:
+    return split.with_format("arrow")[column].to_numpy(zero_copy_only=False).astype(numpy.int64)
 
 
 def check_texts(split: datasets.Dataset, column: str, where: str) -> None:

@@ -168,15 +168,25 @@ def full_pass_summary(global_step: int, epochs: float, num_examples: int, train_
 KEPT_FRACTION_DRIFT = 0.75
 
 
-def end_of_run_notes(summary: dict, expected_keep: float | None, history_size: int) -> list[str]:
+def end_of_run_notes(
+    summary: dict, expected_keep: float | None, history_size: int, rows_per_step: int | None = None
+) -> list[str]:
     """What the end-of-run counters show that a user would otherwise have to work out: kept rows the run ended
-    before training, and a kept fraction well below the strategy's expected one."""
+    before training, and a kept fraction well below the strategy's expected one. ``rows_per_step``: the rows one
+    optimizer step trains, over all processes."""
     notes = []
     queued = summary.get("queued_at_end", 0)
     if queued:
+        if rows_per_step is None or queued < rows_per_step:
+            size = f" ({rows_per_step} rows)" if rows_per_step else ""
+            why = f"fewer than one optimizer step takes{size}"
+        else:
+            # A run that ends by steps stops with whole steps' worth queued (a large --sb_selection_batch_size).
+            why = (f"{queued / rows_per_step:.1f} optimizer steps' worth ({rows_per_step} rows a step) that the "
+                   "run ended before taking")
         notes.append(
-            f"{queued} rows that selection kept were still queued when the run ended, fewer than one optimizer step "
-            "takes: they were not trained ('kept' counts them, 'backwards' does not; sb_stats.json 'queued_at_end')"
+            f"{queued} rows that selection kept were still queued when the run ended, {why}: they were not trained "
+            "('kept' counts them, 'backwards' does not; sb_stats.json 'queued_at_end')"
         )
     kept = summary.get("kept_fraction")
     if expected_keep is not None and summary.get("considered") and kept < KEPT_FRACTION_DRIFT * expected_keep:
@@ -196,7 +206,8 @@ def finish_run(trainer, metrics: dict, expected_steps: int) -> dict:
     stats = {**trainer.selection_summary(), "strategy": args.sb_strategy, "expected_steps": expected_steps}
     queued = distributed.sum_over_processes(trainer.accelerator, {"rows": len(trainer.engine.queue)})["rows"]
     stats["queued_at_end"] = int(queued)
-    notes = end_of_run_notes(stats, trainer.selector.expected_keep_fraction(), args.sb_history_size)
+    rows_per_step = trainer.engine.batch_size * args.gradient_accumulation_steps * trainer.accelerator.num_processes
+    notes = end_of_run_notes(stats, trainer.selector.expected_keep_fraction(), args.sb_history_size, rows_per_step)
     metrics.update({f"sb/{k}": v for k, v in stats.items()})
     if args.should_save:
         write_stats(stats, os.path.join(args.output_dir, STATS_FILE))

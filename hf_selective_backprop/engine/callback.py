@@ -56,6 +56,9 @@ class SelectionFlowCallback(DefaultFlowCallback):
         engine = self.trainer.engine
         engine.begin_epoch(engine.epoch, args.num_train_epochs, engine.epoch_based)
 
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self.trainer.engine.fail_if_training_loss_was_nonfinite(state.global_step)
+
     def on_step_end(self, args, state, control, **kwargs):
         engine = self.trainer.engine
         state.epoch = engine.epochs_read()
@@ -69,7 +72,9 @@ class SelectionFlowCallback(DefaultFlowCallback):
         try:
             control = super().on_step_end(args, state, control, **kwargs)
         finally:
-            state.max_steps = expected
+            # An estimate the run has outlived (it kept more rows than expected) is raised to the steps taken:
+            # the state's global_step never exceeds its max_steps, in the checkpoints saved after this step too.
+            state.max_steps = max(expected, state.global_step)
         if ends:
             self.ended_at_step = state.global_step
         return control

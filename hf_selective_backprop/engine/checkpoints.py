@@ -42,9 +42,9 @@ def atomic_save(obj, path: str) -> None:
 def unreadable_files(folder: str) -> list[str]:
     """The checkpoint files in ``folder`` that a resume could not load: truncated or garbage.
 
-    Cheap checks, no file is loaded: a torch file (``.pt``, ``.pth``, ``.bin``: torch.save's zip format) needs
+    Cheap checks, no tensor is loaded: a torch file (``.pt``, ``.pth``, ``.bin``: torch.save's zip format) needs
     its zip directory, which is written last; a ``.safetensors`` file needs a JSON header whose tensors end
-    where the file does.
+    where the file does; trainer_state.json must parse.
     """
     bad = []
     for name in sorted(os.listdir(folder)):
@@ -55,7 +55,18 @@ def unreadable_files(folder: str) -> list[str]:
             bad.append(name)
         elif name.endswith(".safetensors") and not _safetensors_whole(path):
             bad.append(name)
+        elif name == TRAINER_STATE_NAME and not _json_whole(path):
+            bad.append(name)
     return bad
+
+
+def _json_whole(path: str) -> bool:
+    try:
+        with open(path) as handle:
+            json.load(handle)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def _opens_as_zip(path: str) -> bool:
@@ -86,12 +97,7 @@ def is_complete_checkpoint(folder: str) -> bool:
     state = os.path.join(folder, TRAINER_STATE_NAME)
     if not (os.path.isfile(os.path.join(folder, STATE_FILE)) and os.path.isfile(state)):
         return False
-    try:
-        with open(state) as handle:
-            json.load(handle)
-    except (OSError, ValueError):
-        return False
-    return not unreadable_files(folder)
+    return not unreadable_files(folder)  # trainer_state.json included
 
 
 def last_complete_checkpoint(output_dir: str) -> str | None:
@@ -130,11 +136,16 @@ def require_resumable(checkpoint: str, flag: str = "resume_from_checkpoint") -> 
     # DeepSpeed and FSDP keep the optimizer in subfolders of their own (global_stepN/, optimizer_0/).
     sharded = any(os.path.isdir(os.path.join(checkpoint, name)) for name in entries)
     if not sharded and not {OPTIMIZER_NAME, OPTIMIZER_NAME_BIN} & set(entries):
+        # The scripts' flags on the command line, the Python API's arguments otherwise.
+        if flag.startswith("--"):
+            setting, new_run = "--save_only_model", f"--model_name_or_path {checkpoint} and no {flag}"
+        else:
+            setting = "save_only_model=True"
+            new_run = f"the model loaded with from_pretrained({checkpoint!r}) and no {flag}"
         raise ValueError(
-            f"{flag} {checkpoint!r} has no {OPTIMIZER_NAME}: it was saved with --save_only_model, and a resume "
-            "would continue with a fresh optimizer and learning-rate schedule. Start a new run from its weights "
-            "instead (--model_name_or_path / from_pretrained), or resume from a checkpoint saved without "
-            "--save_only_model"
+            f"{flag} {checkpoint!r} has no {OPTIMIZER_NAME}: it was saved with {setting}, and a resume would "
+            "continue with a fresh optimizer and learning-rate schedule. Start a new run from its weights instead "
+            f"({new_run}), or resume from a checkpoint saved without {setting}"
         )
 
 

@@ -96,6 +96,8 @@ class SelectionEngine:
         self.epoch_without_step = False
         self.inputs_checked = False
         self._epoch_scored = self._epoch_nonfinite = 0
+        #: Non-finite training-forward losses since the last optimizer step, counted on the device.
+        self._training_nonfinite: torch.Tensor | None = None
 
     # ---- set-up ------------------------------------------------------------------------------
 
@@ -351,8 +353,31 @@ class SelectionEngine:
         raise RuntimeError(
             f"every per-example loss scored in epoch {self.epoch} was NaN or inf (this process: "
             f"{self._epoch_nonfinite} of {self._epoch_scored} non-finite): selection never keeps such "
-            "examples, so training cannot make progress. The model's outputs are non-finite (diverged "
-            "weights, a too-high learning rate, or broken inputs/labels)."
+            f"examples, so training cannot make progress. {NONFINITE_CAUSE}"
+        )
+
+    def observe_training_loss(self, loss: torch.Tensor) -> None:
+        """Count a training forward's loss if it is NaN or inf, on the device (checked before the step).
+
+        A strategy that decides before loading (InfoBatch, a planned Stale-SB epoch) trains rows no
+        selection forward scored, so a model that diverged is first seen here."""
+        nonfinite = (~torch.isfinite(loss.detach())).sum()
+        if self._training_nonfinite is not None:
+            nonfinite = nonfinite + self._training_nonfinite
+        self._training_nonfinite = nonfinite
+
+    def fail_if_training_loss_was_nonfinite(self, step: int) -> None:
+        """Stop before an optimizer step whose loss (on some rank) was NaN or inf: it would make every weight
+        non-finite. Never trained, as a non-finite selection loss never is (a collective)."""
+        nonfinite = 0 if self._training_nonfinite is None else int(self._training_nonfinite)  # one wait a step
+        self._training_nonfinite = None
+        self.stats.nonfinite_losses += nonfinite
+        if distributed.all_true(self.accelerator, nonfinite == 0):
+            return
+        raise RuntimeError(
+            f"the training loss of step {step + 1} was NaN or inf (this process: {nonfinite} non-finite "
+            f"micro-batch loss(es)); stopped before the optimizer step, which would make the weights non-finite. "
+            f"{NONFINITE_CAUSE}"
         )
 
     def read_all_asked(self) -> bool:
@@ -634,6 +659,12 @@ class SelectionEngine:
             streams.check_id_bound(all_ids, self.stats.examples_loaded, self.index_column)
         self.store.update(all_ids, all_losses, self.epoch)
         return all_losses[mine]
+
+
+#: What a non-finite loss says about the run, in every error that stops it for one.
+NONFINITE_CAUSE = (
+    "The model's outputs are non-finite (diverged weights, a too-high learning rate, or broken inputs/labels)."
+)
 
 
 def model_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from .. import _compat
-from ..losses import logits_of, per_example_loss_for
+from ..losses import logits_of, model_task, per_example_loss_for
 from . import distributed, streams
 from .indexing import IndexedDataset, ids_by_position, keeping_ids
 from .scoring import SelectionScorer
@@ -200,6 +200,14 @@ def check_fits(reference: torch.nn.Module, model: torch.nn.Module, source: str) 
     ours, theirs = getattr(model, "config", None), getattr(reference, "config", None)
     if ours is None or theirs is None:
         return  # plain modules: the first batch's logits are compared in `compute`
+    kind = _classifier_kind(model)
+    if kind is not None and _classifier_kind(reference) != kind:
+        # A language model's config has a num_labels too (2 by default): its label count says nothing.
+        what = _classifier_kind(reference) or TASK_KINDS[model_task(reference)]
+        raise ValueError(
+            f"{source} is not {kind}: it is {what} ({type(reference).__name__}); the reference must be a model of the "
+            "same task, trained on the same labels (e.g. the --output_dir of a run of the same script)"
+        )
     if getattr(ours, "num_labels", None) != getattr(theirs, "num_labels", None) and _is_classifier(model):
         raise ValueError(
             f"{source} has {theirs.num_labels} labels and the model being trained {ours.num_labels}: the reference "
@@ -213,8 +221,20 @@ def check_fits(reference: torch.nn.Module, model: torch.nn.Module, source: str) 
         )
 
 
+#: Classifier heads by the ending of their class name, and what they are called in a message.
+CLASSIFIER_KINDS = {"ForImageClassification": "an image classifier", "ForSequenceClassification": "a text classifier"}
+#: Other models, by `model_task`.
+TASK_KINDS = {"causal-lm": "a causal language model", "seq2seq-lm": "a sequence-to-sequence model",
+              "token-classification": "a token classifier", "classification": "no classifier of this kind"}
+
+
+def _classifier_kind(model) -> str | None:
+    name = type(model).__name__
+    return next((kind for ending, kind in CLASSIFIER_KINDS.items() if name.endswith(ending)), None)
+
+
 def _is_classifier(model) -> bool:
-    return type(model).__name__.endswith(("ForImageClassification", "ForSequenceClassification"))
+    return _classifier_kind(model) is not None
 
 
 def _input_size(config) -> tuple | None:

@@ -11,6 +11,7 @@ checkpoint's ``trainer_state.json`` (by an `ExportableState` callback, where the
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Callable
 
@@ -71,9 +72,16 @@ def add(record: RunCheckpoints, run_dir: str, step: int) -> None:
         record.steps = recorded
 
 
+#: The model's weights under any of the names the Trainer saves them by: whole or sharded, safetensors or torch,
+#: with their index. A checkpoint resumed from may hold them under other names than this run's saves (one
+#: converted to shards), and a folder this run saved is recorded all the same.
+WEIGHT_FILE = re.compile(r"(model|pytorch_model|adapter_model)(-\d+-of-\d+)?\.(safetensors|bin)(\.index\.json)?")
+
+
 def _holds_only_checkpoint_files(path: str, own_checkpoint: str) -> bool:
     names = set(os.listdir(own_checkpoint))
-    return set(os.listdir(path)) <= names | {f"{name}.partial" for name in names}  # atomic_save's temporaries
+    allowed = names | {f"{name}.partial" for name in names}  # atomic_save's temporaries
+    return all(name in allowed or WEIGHT_FILE.fullmatch(name) for name in os.listdir(path))
 
 
 def rotate(record: RunCheckpoints, run_dir: str, limit: int | None, protected: list[str | None]) -> None:

@@ -6,6 +6,11 @@ training data (its size and a fingerprint) must match: the saved loss history, s
 position in the epoch belong to them, so a resume with others is refused before any step. Other
 training settings may change; one warning lists them. Another number of processes is handled,
 with its own warning, in `state_files`.
+
+The model is recorded too: its own config (class, architecture, sizes, vocabulary, label count) and
+the command-line flags that built it, where a script gives them (``model_flags``). A resume with another
+model is refused naming what differs, before the weights are loaded (`check_model`) and, in the
+scripts, before any data is (`check_model_flags`).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from datasets import Dataset as HFDataset
 from torch.utils.data import IterableDataset
 from transformers.trainer_utils import get_last_checkpoint
 
+from ..losses import model_task
 from .checkpoints import STATE_FILE
 from .indexing import IndexedDataset
 
@@ -47,17 +53,81 @@ ROWS_HASHED = 64
 #: given either way compares equal.
 IN_EFFECT = {"sb_keep": "sb_keep_fraction", "sb_beta": "sb_beta_value", "sb_presample": "sb_presample_value"}
 OWN_KEEP_FLAG = {"sb": "sb_beta", "kath18": "sb_presample"}
+#: Fields of the model's config that its weights' shapes and meaning depend on (BERT-style and GPT-2-style
+#: names, timm's architecture); num_labels for classifiers only (a language model's is a config default).
+MODEL_FIELDS = (
+    "model_type", "architecture", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "intermediate_size", "n_embd", "n_layer", "n_head", "n_inner",
+)  # fmt: skip
 
 
-def describe(args, dataset) -> dict:
-    """The record a checkpoint keeps of the run: ``args`` a `SelectiveBackpropConfig`, ``dataset`` the training data."""
+def describe(args, dataset, model: torch.nn.Module | None = None, model_flags: dict | None = None) -> dict:
+    """The record a checkpoint keeps of the run: ``args`` a `SelectiveBackpropConfig`, ``dataset`` the training
+    data, ``model`` the (unwrapped) model, ``model_flags`` the flags a script built it from."""
     selection = [f.name for f in dataclasses.fields(args) if f.name.startswith("sb_") and f.name not in SPEED_ONLY]
     return {
         "selection": {name: _plain(_in_effect(args, name)) for name in [*selection, *SEEDS]},
         "training": {name: _plain(getattr(args, name)) for name in TRAINING},
         "dataset": dataset_fingerprint(dataset),
         "augmentation": _augmentation(dataset),
+        "model": describe_model(model) if model is not None else None,
+        "model_flags": {flag: _plain(value) for flag, value in (model_flags or {}).items()},
     }
+
+
+def describe_model(model: torch.nn.Module) -> dict:
+    """The model's class and the `MODEL_FIELDS` its config holds (a model without a config: its class)."""
+    from transformers.trainer_utils import unwrap_peft_model
+
+    base = unwrap_peft_model(model)
+    record = {"class": type(base).__name__}
+    config = getattr(base, "config", None)
+    if config is None:
+        return record
+    for name in MODEL_FIELDS:
+        value = getattr(config, name, None)
+        if value is not None:
+            record[name] = _plain(value)
+    if model_task(base) == "classification" and getattr(config, "num_labels", None) is not None:
+        record["num_labels"] = config.num_labels
+    return record
+
+
+def saved_record(checkpoint: str) -> dict | None:
+    """The run record a selective run's checkpoint holds; None for another checkpoint (or an older one)."""
+    path = os.path.join(checkpoint, STATE_FILE)
+    return torch.load(path, weights_only=True).get("run") if os.path.isfile(path) else None
+
+
+def check_model(checkpoint: str, model: torch.nn.Module) -> None:
+    """Refuse to load ``checkpoint``'s weights into another model: a raw size mismatch, or a silently other model."""
+    saved = (saved_record(checkpoint) or {}).get("model")
+    if not saved:
+        return
+    current = describe_model(model)
+    wrong = [f"the model's {name}: saved {saved[name]!r}, now {current[name]!r}"
+             for name in saved if name in current and saved[name] != current[name]]
+    if wrong:
+        raise ValueError(
+            f"Cannot resume from {checkpoint}: this run's model differs from the saved one:\n  " + "\n  ".join(wrong)
+            + "\nThe checkpoint's weights and optimizer state fit the saved model. Resume with a model built as the "
+            f"saved one (its config.json is in {checkpoint}), or start a new run without resume_from_checkpoint."
+        )
+
+
+def check_model_flags(checkpoint: str | None, flags: dict) -> None:
+    """Refuse, before any data is loaded, a resume whose model flags differ from those the saved run recorded."""
+    saved = (saved_record(checkpoint) or {}).get("model_flags") if checkpoint else None
+    if not saved:
+        return
+    wrong = [f"{flag}: saved {saved[flag]!r}, now {_plain(value)!r}"
+             for flag, value in flags.items() if flag in saved and saved[flag] != _plain(value)]
+    if wrong:
+        raise ValueError(
+            f"Cannot resume from {checkpoint}: the model flags differ from the saved run's:\n  " + "\n  ".join(wrong)
+            + "\nThe checkpoint's weights and optimizer state fit the saved model: resume with the saved values, or "
+            "start a new run (drop --resume_from_checkpoint; --overwrite_output_dir to reuse this --output_dir)."
+        )
 
 
 def _in_effect(args, name: str):

@@ -7,7 +7,7 @@
 # beside a uniform control at the backward fraction it realised. Validation loss and mean token accuracy of the
 # answer are in each run's eval_results.json; scripts/sft_report.py tabulates loss and throughput.
 #
-# Seed $SEED (default 0). Restartable: a run whose eval_results.json exists is skipped. Run it on an idle machine.
+# Seed $SEED (default 0), $EPOCHS epochs (default 3: Stale-SB and InfoBatch save from the second). Restartable: a run whose eval_results.json exists is skipped. Run it on an idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -33,7 +33,7 @@ run() {  # NAME FLAGS...
     [[ -f $R/$NAME/eval_results.json ]] && return
     rm -rf "${R:?}/$NAME"
     $PY scripts/train_sft.py --dataset "$DATA/sst2" --model_name_or_path "$PRETRAINED" --completion_from_label true \
-        --num_train_epochs "${EPOCHS:-1}" --learning_rate "${LR:-0.0003}" --seed "$SEED" --save_strategy no \
+        --num_train_epochs "${EPOCHS:-3}" --learning_rate "${LR:-0.0003}" --seed "$SEED" --save_strategy no \
         --eval_strategy no --disable_tqdm true --output_dir "$R/$NAME" "${EXTRA[@]}" "$@"
 }
 

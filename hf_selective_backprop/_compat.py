@@ -17,14 +17,15 @@ How ``compute_loss`` scales the loss over processes is mirrored by `TRAINER_LOSS
 
 Supported transformers releases: 5.18 to 5.24 (``pyproject.toml``). Every hook listed below exists with the
 same signature from 5.3 on; the one difference the package meets there is `TRAINER_SCALE_DIVIDES_TP` (5.19).
-What stops the range lower, release by release (the suite run against each, 2026-11):
+What stops the range lower, release by release (2026-11: the suite run on 5.3.0 and 5.18.0, its failures on
+5.3.0 run again on 5.17.0; 5.0-5.2 and 4.x read from their source):
 
 - 5.3-5.17: resuming a run of several processes on CPU fails where the Trainer itself reloads the optimizer,
-  with or without selection: it loads the optimizer state onto
-  ``args.device``, ``cpu:0`` under a multi-process CPU run, a location ``torch.load`` cannot restore
-  (``RuntimeError: don't know how to restore data location of torch.storage.UntypedStorage (tagged with
-  cpu:0)``); 5.18 loads it onto ``cpu``. 5.3.0 also failed the tests of the label smoother, of the events at
-  a run's last step and of the Hub push, which pass on 5.17.0 (not bisected between the two).
+  with or without selection: it loads the optimizer state onto ``args.device``, ``cpu:0`` in such a run, a
+  location ``torch.load`` cannot restore (``RuntimeError: don't know how to restore data location of
+  torch.storage.UntypedStorage (tagged with cpu:0)``, seen on 5.3.0; the code is the same up to 5.17.0);
+  5.18 loads it onto ``cpu``. 5.3.0 also failed the tests of the label smoother, of the events at a run's
+  last step and of the Hub push, which pass on 5.17.0 (not bisected between the two).
 - 5.0-5.2: no ``_init_training_state``. ``_inner_training_loop`` itself computes the epoch to resume from
   (``global_step // num_update_steps_per_epoch``) and skips that many batches; selection makes the batches
   per step vary, so the sampler must own the skip (``_init_training_state`` above), which here would take a

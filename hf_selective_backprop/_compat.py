@@ -14,6 +14,26 @@ attributes are used in a way the Trainer does not document: the scheduler's ``lr
 hidden during saves (`save_total_limit_hidden`, `hide_save_total_limit`).
 How ``compute_loss`` scales the loss over processes is mirrored by `TRAINER_LOSS_SCALE` and
 `SFT_LOSS_SCALE`, each checked against the upstream ``compute_loss`` when a trainer is built.
+
+Supported transformers releases: 5.18 to 5.24 (``pyproject.toml``). Every hook listed below exists with the
+same signature from 5.3 on; the one difference the package meets there is `TRAINER_SCALE_DIVIDES_TP` (5.19).
+What stops the range lower, release by release (2026-11: the suite run on 5.3.0 and 5.18.0, its failures on
+5.3.0 run again on 5.17.0; 5.0-5.2 and 4.x read from their source):
+
+- 5.3-5.17: resuming a run of several processes on CPU fails where the Trainer itself reloads the optimizer,
+  with or without selection: it loads the optimizer state onto ``args.device``, ``cpu:0`` in such a run, a
+  location ``torch.load`` cannot restore (``RuntimeError: don't know how to restore data location of
+  torch.storage.UntypedStorage (tagged with cpu:0)``, seen on 5.3.0; the code is the same up to 5.17.0);
+  5.18 loads it onto ``cpu``. 5.3.0 also failed the tests of the label smoother, of the events at a run's
+  last step and of the Hub push, which pass on 5.17.0 (not bisected between the two).
+- 5.0-5.2: no ``_init_training_state``. ``_inner_training_loop`` itself computes the epoch to resume from
+  (``global_step // num_update_steps_per_epoch``) and skips that many batches; selection makes the batches
+  per step vary, so the sampler must own the skip (``_init_training_state`` above), which here would take a
+  second implementation of the loop. ``set_initial_training_values`` also takes the total batch size and
+  returns other values (``epoch_based`` and ``len_dataloader`` in place of ``total_train_batch_size`` and
+  ``steps_in_epoch``), and 5.0-5.1 have no ``train_sampling_strategy`` (``config.py`` reads it).
+- 4.56-4.57 (TRL 1.16 still admits them): everything 5.0-5.1 needs, and 4.56 has no
+  ``_get_num_items_in_batch`` (it counts inside ``get_batch_samples``).
 """
 
 from __future__ import annotations
@@ -26,6 +46,13 @@ from types import SimpleNamespace
 from typing import Any, NamedTuple
 
 import torch
+import transformers
+from packaging.version import Version
+
+#: The installed transformers release, for the differences below that are named by the release that made them.
+TRANSFORMERS_VERSION = Version(transformers.__version__)
+#: transformers 5.19 stopped counting tensor-parallel ranks as data-parallel processes in compute_loss's scale.
+TRAINER_SCALE_DIVIDES_TP = TRANSFORMERS_VERSION >= Version("5.19.0")
 
 #: Each private member of transformers' Trainer the package uses: (why, the public hook that would replace it).
 PRIVATE_SURFACE: dict[str, tuple[str, str]] = {
@@ -237,14 +264,17 @@ def restore_save_total_limit(trainer) -> None:
 
 def _trainer_factor(trainer, num_items_in_batch) -> int:
     # Transformers' Trainer.compute_loss: with a token count summed over ranks, DDP's gradient averaging is undone
-    # by the number of processes (tensor-parallel ranks share a batch), or by the GPU count under DataParallel.
+    # by the number of processes (from 5.19 on, tensor-parallel ranks, which share a batch, count once), or by the
+    # GPU count under DataParallel.
     if (
         trainer.args.average_tokens_across_devices
         and (trainer.model_accepts_loss_kwargs or trainer.compute_loss_func)
         and num_items_in_batch is not None
     ):
-        n_gpu = trainer.args.n_gpu
-        return trainer.accelerator.num_processes // trainer.get_tp_size() if n_gpu <= 1 else n_gpu
+        if trainer.args.n_gpu > 1:
+            return trainer.args.n_gpu
+        processes = trainer.accelerator.num_processes
+        return processes // trainer.get_tp_size() if TRAINER_SCALE_DIVIDES_TP else processes
     return 1
 
 

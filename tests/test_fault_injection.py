@@ -17,6 +17,7 @@ import warnings
 from pathlib import Path
 
 import datasets
+import pyarrow.parquet
 import pytest
 import safetensors.torch
 import torch
@@ -52,7 +53,13 @@ def drop_ids(rows: list[dict]) -> dict:
 
 def write_parquet(folder: Path, split: str, table: dict, features: datasets.Features) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
-    datasets.Dataset.from_dict(table, features=features).to_parquet(str(folder / f"{split}.parquet"))
+    # Written by pyarrow, the schema carrying the features: datasets 4.8.4's own to_parquet divides by the row count
+    # of a table with images, so it cannot write the empty split these tests need (nor can it read an empty row
+    # group, so the rows go in as one, or none at all).
+    arrow = datasets.Dataset.from_dict(table, features=features).data.table
+    with pyarrow.parquet.ParquetWriter(str(folder / f"{split}.parquet"), arrow.schema) as writer:
+        if arrow.num_rows:
+            writer.write_table(arrow)
     return folder
 
 

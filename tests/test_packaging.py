@@ -1,12 +1,16 @@
 """What ships (docs/architecture.md, "What ships"): the core runs without the workflows' optional dependencies,
-a workflow without its extra says which extra to install, and the version is defined once."""
+a workflow without its extra says which extra to install, the version is defined once, and make test-oldest
+pins the lower ends of the supported ranges."""
 
+import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -103,3 +107,20 @@ def test_the_version_is_defined_once():
     import hf_selective_backprop
 
     assert hf_selective_backprop.__version__.count(".") == 2
+
+
+def test_make_test_oldest_pins_the_lower_end_of_each_range():
+    """`make test-oldest` tests the lower ends that pyproject.toml states: each pin is its package's `>=` bound,
+    and every package whose versions the suite was run against at both ends is pinned."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    listed = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+    lower = {}
+    for requirement in map(Requirement, listed):
+        for specifier in requirement.specifier:
+            if specifier.operator == ">=":
+                lower[requirement.name] = Version(specifier.version)
+    pins = re.search(r"^OLDEST_PINS := (.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE).group(1).split()
+    pinned = {name: Version(version) for name, version in (pin.split("==") for pin in pins)}
+    assert {"transformers", "accelerate", "datasets", "trl", "timm"} <= set(pinned)
+    assert {name: lower.get(name) for name in pinned} == pinned

@@ -10,7 +10,7 @@ OLDEST_PY := $(OLDEST_VENV)/bin/python
 OLDEST_STAMP := $(OLDEST_VENV)/.installed
 # The oldest releases the requirements admit together, each the lower end of its range in pyproject.toml, which
 # says why it is that release (tests/test_packaging.py checks that the two agree).
-OLDEST_PINS := transformers==5.18.0 accelerate==1.10.1 datasets==4.8.4 trl==1.16.0 timm==1.0.15
+OLDEST_PINS := transformers==5.17.0 accelerate==1.10.1 datasets==4.8.4 trl==1.16.0 timm==1.0.15
 
 # DeepSpeed (the deepspeed extra) is built from its source release, whose setup imports torch: it is installed
 # without build isolation, after torch and what its setup needs. scripts/build_deepspeed_ops.py then compiles its

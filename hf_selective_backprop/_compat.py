@@ -15,17 +15,19 @@ hidden during saves (`save_total_limit_hidden`, `hide_save_total_limit`).
 How ``compute_loss`` scales the loss over processes is mirrored by `TRAINER_LOSS_SCALE` and
 `SFT_LOSS_SCALE`, each checked against the upstream ``compute_loss`` when a trainer is built.
 
-Supported transformers releases: 5.18 to 5.24 (``pyproject.toml``). Every hook listed below exists with the
-same signature from 5.3 on; the one difference the package meets there is `TRAINER_SCALE_DIVIDES_TP` (5.19).
-What stops the range lower, release by release (2026-11: the suite run on 5.3.0 and 5.18.0, its failures on
-5.3.0 run again on 5.17.0; 5.0-5.2 and 4.x read from their source):
+Supported transformers releases: 5.17 to 5.24 (``pyproject.toml``). Every hook listed below exists with the
+same signature from 5.3 on; the differences the package meets there are `TRAINER_SCALE_DIVIDES_TP` (5.19)
+and `TRAINER_RESUMES_CPU_PROCESSES` (5.18). What stops the range lower, release by release (2026-11: the whole
+suite run on 5.3.0, 5.17.0 and 5.18.0; 5.4-5.16, 5.0-5.2 and 4.x read from their source):
 
-- 5.3-5.17: resuming a run of several processes on CPU fails where the Trainer itself reloads the optimizer,
-  with or without selection: it loads the optimizer state onto ``args.device``, ``cpu:0`` in such a run, a
-  location ``torch.load`` cannot restore (``RuntimeError: don't know how to restore data location of
-  torch.storage.UntypedStorage (tagged with cpu:0)``, seen on 5.3.0; the code is the same up to 5.17.0);
-  5.18 loads it onto ``cpu``. 5.3.0 also failed the tests of the label smoother, of the events at a run's
-  last step and of the Hub push, which pass on 5.17.0 (not bisected between the two).
+- 5.17 and older: resuming a run of several processes on CPU fails where the Trainer itself reloads the
+  optimizer, with or without selection: it loads the optimizer state onto ``args.device``, ``cpu:0`` in such a
+  run, a location ``torch.load`` cannot restore (``RuntimeError: don't know how to restore data location of
+  torch.storage.UntypedStorage (tagged with cpu:0)``, seen on 5.3.0 and 5.17.0); 5.18 loads it onto ``cpu``.
+  Runs on GPUs (``cuda:N``) and single-process runs are not affected, so 5.17 is supported and the suite skips
+  its four multi-process CPU resume tests there (all else passed on 5.17.0: 743 tests).
+- 5.3-5.16: 5.3.0 also failed the tests of the label smoother, of the events at a run's last step and of the
+  Hub push, which pass on 5.17.0; where between the two they begin to pass was not bisected.
 - 5.0-5.2: no ``_init_training_state``. ``_inner_training_loop`` itself computes the epoch to resume from
   (``global_step // num_update_steps_per_epoch``) and skips that many batches; selection makes the batches
   per step vary, so the sampler must own the skip (``_init_training_state`` above), which here would take a
@@ -53,6 +55,9 @@ from packaging.version import Version
 TRANSFORMERS_VERSION = Version(transformers.__version__)
 #: transformers 5.19 stopped counting tensor-parallel ranks as data-parallel processes in compute_loss's scale.
 TRAINER_SCALE_DIVIDES_TP = TRANSFORMERS_VERSION >= Version("5.19.0")
+#: Before 5.18 the Trainer reloads a multi-process CPU run's optimizer onto ``cpu:0``, which torch.load refuses:
+#: such a resume fails in the Trainer itself, with or without selection (the suite skips those tests there).
+TRAINER_RESUMES_CPU_PROCESSES = TRANSFORMERS_VERSION >= Version("5.18.0")
 
 #: Each private member of transformers' Trainer the package uses: (why, the public hook that would replace it).
 PRIVATE_SURFACE: dict[str, tuple[str, str]] = {

@@ -68,8 +68,8 @@ class SFTDataArguments:
     )
     completion_from_label: bool = field(
         default=False,
-        metadata={"help": "Train prompt-completion pairs: the text (then ' sentiment :') as the prompt, the name of its "
-                  "label (--label_column, e.g. SST-2's negative/positive) as the completion; the loss, selection's "
+        metadata={"help": "Train prompt-completion pairs: the text (then ' sentiment :') as the prompt, the name of "
+                  "its label (--label_column, e.g. SST-2's negative/positive) as the completion; the loss, selection's "
                   "included, is on the completion alone. Default: the text column as language-modelling data."},
     )
     label_column: str | None = field(

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from launch import launch
+from launch import launch, resumes_cpu_processes
 from tiny import TinyClassifier, make_config, make_dataset
 from transformers import HfArgumentParser, TrainerCallback
 
@@ -148,6 +148,7 @@ def test_a_resume_with_another_budget_is_refused(tmp_path):
         _train(tmp_path, resume=str(tmp_path / "checkpoint-10"), sb_strategy="sb", sb_budget=0.25)
 
 
+@resumes_cpu_processes
 @pytest.mark.slow
 def test_two_processes_agree_on_the_plan_spend_the_budget_and_resume_to_the_same_end(tmp_path):
     settings = ["--budget", "0.5", "--epochs", "4", "--examples", "1024", "--save-steps", "20"]

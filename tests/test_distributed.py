@@ -14,7 +14,7 @@ import pytest
 import torch
 from dist_worker import NAN_IDS, id_loss
 from launch import launch as _launch
-from launch import run
+from launch import resumes_cpu_processes, run
 
 from hf_selective_backprop.engine.accounting import COUNTERS
 
@@ -193,6 +193,7 @@ def test_checkpoint_layout_and_mid_epoch_position(stale):
     assert 0 < shared["consumed"] < ranks[0]["selection_batches_per_epoch"]
 
 
+@resumes_cpu_processes
 def test_resume_in_two_processes_continues_exactly(stale, tmp_path):
     out, finished = stale
     resumed = _launch(tmp_path, STALE + ["--resume", str(_checkpoint(out))])
@@ -289,6 +290,7 @@ IMAGES = ["--images", "--loss", "ce", "--staleness", "2", "--epochs", "3", "--ex
           "--keep", "0.5", "--save-steps", "3"]  # fmt: skip
 
 
+@resumes_cpu_processes
 def test_augmented_stale_sb_with_batch_norm_resumes_exactly_in_two_processes(tmp_path):
     finished = _launch(tmp_path / "finished", IMAGES)
     checkpoint = tmp_path / "finished" / "trainer" / "checkpoint-3"

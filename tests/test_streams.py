@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import load_dataset
-from launch import launch
+from launch import launch, resumes_cpu_processes
 from tiny import TinyClassifier, make_config, make_dataset
 
 from hf_selective_backprop import SelectiveBackpropTrainer
@@ -181,6 +181,7 @@ def _launch_stream_worker(tmp_path: Path, path: str, mode: str) -> list[dict]:
     return launch(out, ["--data", path, "--mode", mode], worker=ROOT / "tests" / "stream_worker.py")
 
 
+@resumes_cpu_processes
 @pytest.mark.slow
 def test_two_processes_stream_their_shares_in_lockstep(tmp_path):
     """torchrun, 2 CPU processes over gloo: each rank streams its share (split_dataset_by_node) under Stale-SB;

@@ -47,8 +47,10 @@ def build_strategy(
         # <strategy>-keep<k>: that strategy at another kept fraction than --keep (e.g. sb-keep0.5 beside sb).
         try:
             fraction = float(value)
-        except ValueError:
-            raise ValueError(f"strategy {name!r}: the kept fraction after -keep must be a number, got {value!r}")
+        except ValueError as error:
+            raise ValueError(
+                f"strategy {name!r}: the kept fraction after -keep must be a number, got {value!r}"
+            ) from error
         strategy = build_strategy(base, fraction, staleness, warmup_epochs, reference_model)
         if "sb_keep" not in strategy.overrides:
             raise ValueError(f"strategy {name!r}: {base} has no kept fraction to set")

@@ -25,7 +25,7 @@ suite run on 5.3.0, 5.17.0 and 5.18.0; 5.4-5.16, 5.0-5.2 and 4.x read from their
   run, a location ``torch.load`` cannot restore (``RuntimeError: don't know how to restore data location of
   torch.storage.UntypedStorage (tagged with cpu:0)``, seen on 5.3.0 and 5.17.0); 5.18 loads it onto ``cpu``.
   Runs on GPUs (``cuda:N``) and single-process runs are not affected, so 5.17 is supported and the suite skips
-  its four multi-process CPU resume tests there (all else passed on 5.17.0: 743 tests).
+  its four multi-process CPU resume tests there (`make test-oldest` on 5.17.0: 750 passed, 17 skipped).
 - 5.3-5.16: 5.3.0 also failed the tests of the label smoother, of the events at a run's last step and of the
   Hub push, which pass on 5.17.0; where between the two they begin to pass was not bisected.
 - 5.0-5.2: no ``_init_training_state``. ``_inner_training_loop`` itself computes the epoch to resume from

@@ -31,13 +31,17 @@ def load_budgets(root: str) -> dict[float, dict[str, dict[str, dict]]]:
 
 
 def summarize_budgets(budgets: dict[float, dict[str, dict[str, dict]]]) -> list[dict]:
-    """One row per (budget, strategy): mean and spread of final accuracy over seeds, and the seeds' count."""
+    """One row per (budget, strategy): mean and spread of final accuracy over seeds, the seeds' count, and the
+    training wall time over that of plain training at the same budget and seed (None where either is missing)."""
     rows = []
     for budget, seeds in budgets.items():
         names = list(dict.fromkeys(name for logs in seeds.values() for name in logs))
         for name in names:
             accuracies = [100 * (1 - final_error(logs[name])) for logs in seeds.values() if name in logs]
             label = next(logs[name].get("label", name) for logs in seeds.values() if name in logs)
+            time_ratios = [logs[name]["train_wall_seconds"] / logs[BASELINE]["train_wall_seconds"]
+                           for logs in seeds.values()
+                           if "train_wall_seconds" in logs.get(name, {}) and "train_wall_seconds" in logs.get(BASELINE, {})]
             rows.append({
                 "budget": budget,
                 "strategy": name,
@@ -45,6 +49,7 @@ def summarize_budgets(budgets: dict[float, dict[str, dict[str, dict]]]) -> list[
                 "seeds": len(accuracies),
                 "accuracy": statistics.fmean(accuracies),
                 "sd": statistics.stdev(accuracies) if len(accuracies) > 1 else 0.0,
+                "time_ratio": statistics.fmean(time_ratios) if time_ratios else None,
             })
     return rows
 
@@ -65,6 +70,19 @@ def budget_table(rows: list[dict]) -> str:
                 continue
             text = f"{row['accuracy']:.2f}" + (f" ± {row['sd']:.2f}" if row["seeds"] > 1 else "") + " %"
             cells.append(f"**{text}**" if best[budget] == name else text)
+        lines.append(f"| {labels[name]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def time_table(rows: list[dict]) -> str:
+    """Training wall time over plain training's at the same budget: how closely the cost units (passes, the
+    selection forward weighted by --sb_cost_phi) followed the clock on the machine that ran them."""
+    budgets = sorted({row["budget"] for row in rows})
+    cell = {(row["budget"], row["strategy"]): row["time_ratio"] for row in rows}
+    labels = {row["strategy"]: row["label"] for row in rows}
+    lines = ["| strategy | " + " | ".join(f"budget {b:g}" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
+    for name in labels:
+        cells = ["-" if cell.get((b, name)) is None else f"{cell[(b, name)]:.2f}x" for b in budgets]
         lines.append(f"| {labels[name]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -122,6 +140,11 @@ def write_budget_report(root: str, title: str) -> str:
         "accurate). A budget is a share of the full plain run's cost (backward passes plus the selection "
         "forwards' share, --sb_cost_phi); every run's learning-rate schedule decays fully within it.\n",
         winners(rows),
+        "\n## Training time over plain training's at the same budget\n",
+        time_table(rows),
+        "\nMean over seeds of each seed's ratio; the training loop's wall clock, evaluation excluded. Above 1x: the "
+        "run took longer than its budget's share of the clock (a selection forward costs more than "
+        "--sb_cost_phi says on this machine); below: less.\n",
         "\n![error vs budget](error_vs_budget.png)\n",
         f"{provenance_summary(every)} Each run's command is in its log.\n",
     ])

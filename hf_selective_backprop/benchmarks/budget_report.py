@@ -39,9 +39,9 @@ def summarize_budgets(budgets: dict[float, dict[str, dict[str, dict]]]) -> list[
         for name in names:
             accuracies = [100 * (1 - final_error(logs[name])) for logs in seeds.values() if name in logs]
             label = next(logs[name].get("label", name) for logs in seeds.values() if name in logs)
-            time_ratios = [logs[name]["train_wall_seconds"] / logs[BASELINE]["train_wall_seconds"]
-                           for logs in seeds.values()
-                           if "train_wall_seconds" in logs.get(name, {}) and "train_wall_seconds" in logs.get(BASELINE, {})]
+            timed = [logs for logs in seeds.values()
+                     if all("train_wall_seconds" in logs.get(run, {}) for run in (name, BASELINE))]
+            time_ratios = [logs[name]["train_wall_seconds"] / logs[BASELINE]["train_wall_seconds"] for logs in timed]
             rows.append({
                 "budget": budget,
                 "strategy": name,

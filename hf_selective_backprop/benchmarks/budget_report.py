@@ -54,37 +54,36 @@ def summarize_budgets(budgets: dict[float, dict[str, dict[str, dict]]]) -> list[
     return rows
 
 
-def budget_table(rows: list[dict]) -> str:
+def _per_budget_table(rows: list[dict], cell_text) -> str:
+    """A markdown table with one row per strategy and one column per budget; ``cell_text(row, budget)`` fills a
+    cell that has a run, "-" the others."""
     budgets = sorted({row["budget"] for row in rows})
-    names = list(dict.fromkeys(row["strategy"] for row in rows))
     cell = {(row["budget"], row["strategy"]): row for row in rows}
     labels = {row["strategy"]: row["label"] for row in rows}
     lines = ["| strategy | " + " | ".join(f"budget {b:g}" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
-    best = {b: max((r for r in rows if r["budget"] == b), key=lambda r: r["accuracy"])["strategy"] for b in budgets}
-    for name in names:
-        cells = []
-        for budget in budgets:
-            row = cell.get((budget, name))
-            if row is None:
-                cells.append("-")
-                continue
-            text = f"{row['accuracy']:.2f}" + (f" ± {row['sd']:.2f}" if row["seeds"] > 1 else "") + " %"
-            cells.append(f"**{text}**" if best[budget] == name else text)
-        lines.append(f"| {labels[name]} | " + " | ".join(cells) + " |")
+    for name, label in labels.items():
+        cells = [cell_text(cell[(b, name)], b) if (b, name) in cell else "-" for b in budgets]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def budget_table(rows: list[dict]) -> str:
+    best = {}
+    for row in rows:
+        if row["budget"] not in best or row["accuracy"] > best[row["budget"]]["accuracy"]:
+            best[row["budget"]] = row
+
+    def accuracy(row, budget):
+        text = f"{row['accuracy']:.2f}" + (f" ± {row['sd']:.2f}" if row["seeds"] > 1 else "") + " %"
+        return f"**{text}**" if best[budget] is row else text
+
+    return _per_budget_table(rows, accuracy)
 
 
 def time_table(rows: list[dict]) -> str:
     """Training wall time over plain training's at the same budget: how closely the cost units (passes, the
     selection forward weighted by --sb_cost_phi) followed the clock on the machine that ran them."""
-    budgets = sorted({row["budget"] for row in rows})
-    cell = {(row["budget"], row["strategy"]): row["time_ratio"] for row in rows}
-    labels = {row["strategy"]: row["label"] for row in rows}
-    lines = ["| strategy | " + " | ".join(f"budget {b:g}" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
-    for name in labels:
-        cells = ["-" if cell.get((b, name)) is None else f"{cell[(b, name)]:.2f}x" for b in budgets]
-        lines.append(f"| {labels[name]} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return _per_budget_table(rows, lambda row, _: "-" if row["time_ratio"] is None else f"{row['time_ratio']:.2f}x")
 
 
 def winners(rows: list[dict]) -> str:

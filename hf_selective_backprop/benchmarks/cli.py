@@ -207,7 +207,7 @@ def main(args: BenchmarkArguments, load_workload: Callable[[int], Workload]) -> 
             last = log["evals"][-1]
             progress.update()
             tqdm.write(
-                f"{strategy.name}: {_run_length(log['num_train_epochs'], args.sb_budget)}, test error {100 * last['error']:.2f} %, "
+                f"{strategy.name}: {log['epochs_trained']:g} epochs read, test error {100 * last['error']:.2f} %, "
                 f"{log['train_wall_seconds']:.0f} s wall / {log['train_cpu_seconds']:.0f} s CPU training"
             )
             write_report(args.output_dir, title)

@@ -38,11 +38,11 @@ finetune)
     WORKLOAD_FLAGS=(--classes 5,6,7,8,9 --model_name_or_path "$PRETRAINED" --num_train_epochs "${EPOCHS:-6}"
         --learning_rate "$LR_USED")
     ;;
-scratch)  # benchmarks/run_paper_regime.sh's settings
+scratch)
     R=${RESULTS:-benchmarks/results/budget-scratch-cifar10-$MODEL}
     TITLE="From scratch at a compute budget: CIFAR-10, 2,500 images, $MODEL, ${EPOCHS:-60} epochs at budget 1"
-    WORKLOAD_FLAGS=(--max_train_samples 2500 --max_eval_samples 2000 --model "$MODEL" --num_train_epochs "${EPOCHS:-60}"
-        --lr_scheduler_type constant --lr_decay_milestones 0.3 0.6 0.8 --lr_decay_factor 0.2)
+    source benchmarks/paper_regime_workload.sh
+    WORKLOAD_FLAGS=("${PAPER_REGIME_FLAGS[@]}" --num_train_epochs "${EPOCHS:-60}")
     ;;
 *)
     echo "unknown WORKLOAD $WORKLOAD: finetune or scratch" >&2

@@ -20,9 +20,8 @@ DATA=${DATA:-../shared/data}
 EPOCHS=${EPOCHS:-60}
 # Two threads: on an idle 2-core CPU a training step of this network took 2.6 ms per image with two, 3.6 with
 # one (model_choice.md in the results folder, from scripts/bench_cifar_nets.py).
-COMMON=(--dataset "$DATA/cifar10" --max_train_samples 2500 --max_eval_samples 2000 --model cifar_convnet_half
-    --cutout 0 --threads "${THREADS:-2}" --lr_scheduler_type constant --lr_decay_milestones 0.3 0.6 0.8
-    --lr_decay_factor 0.2)
+source benchmarks/paper_regime_workload.sh
+COMMON=(--dataset "$DATA/cifar10" "${PAPER_REGIME_FLAGS[@]}" --cutout 0 --threads "${THREADS:-2}")
 # SB and Stale-SB (n = 3) at the paper's keep 1/3; InfoBatch at its paper's r = 0.5, delta = 0.875; Composer's
 # recommended setting.
 STRATEGIES="traditional sb stale-sb infobatch composer-card"

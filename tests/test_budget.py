@@ -232,6 +232,13 @@ def test_benchmark_runs_take_the_budget(tmp_path):
         )
 
 
+def test_the_benchmark_progress_names_the_budget_not_the_full_runs_epochs():
+    from hf_selective_backprop.benchmarks.cli import _run_length
+
+    assert _run_length(6, None) == "6 epochs"
+    assert _run_length(6, 0.5) == "budget 0.5 of a 6-epoch run"
+
+
 def test_the_reference_pass_is_paid_from_the_budget(tmp_path):
     rates, n = _LearningRates(), 2 * N  # the run ends within half a step of the budget: 2 % of it at this size
     trainer = SelectiveBackpropTrainer(

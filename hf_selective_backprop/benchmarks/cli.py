@@ -169,6 +169,14 @@ def plan_epochs(args: BenchmarkArguments, strategies: list[Strategy]) -> dict[st
     return plan
 
 
+def _run_length(epochs: float, budget: float | None) -> str:
+    """The progress bar's account of a run's length: with a budget the trainer sizes the epochs itself, so the
+    configured ones are only the full run the budget is a share of."""
+    if budget is None:
+        return f"{epochs:g} epochs"
+    return f"budget {budget:g} of a {epochs:g}-epoch run"
+
+
 def main(args: BenchmarkArguments, load_workload: Callable[[int], Workload]) -> str:
     """Run what is missing in ``args.output_dir`` and write the report; ``load_workload(seed)`` gives the data."""
     title = args.title  # None: from the logs (dataset, protocol, epochs or budget)
@@ -199,7 +207,7 @@ def main(args: BenchmarkArguments, load_workload: Callable[[int], Workload]) -> 
             last = log["evals"][-1]
             progress.update()
             tqdm.write(
-                f"{strategy.name}: {log['num_train_epochs']:g} epochs, test error {100 * last['error']:.2f} %, "
+                f"{strategy.name}: {log['epochs_trained']:g} epochs read, test error {100 * last['error']:.2f} %, "
                 f"{log['train_wall_seconds']:.0f} s wall / {log['train_cpu_seconds']:.0f} s CPU training"
             )
             write_report(args.output_dir, title)
@@ -210,7 +218,7 @@ def main(args: BenchmarkArguments, load_workload: Callable[[int], Workload]) -> 
         else:
             for strategy, epochs, extra in jobs:
                 strategy = matched_control(strategy, args.output_dir)
-                progress.set_postfix_str(f"{strategy.name} ({epochs:g} epochs)")
+                progress.set_postfix_str(f"{strategy.name} ({_run_length(epochs, args.sb_budget)})")
                 try:
                     log = run_strategy(strategy, workload, settings, epochs, extra)
                 except Exception:  # one broken strategy should not cost the others their runs

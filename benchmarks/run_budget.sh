@@ -8,7 +8,8 @@
 #   scratch             the from-scratch one of benchmarks/run_paper_regime.sh (CIFAR-10, 2,500 images, 60 epochs
 #                       of the paper's step schedule, cifar_convnet_half).
 #
-# Budgets $BUDGETS for seed 0, and $SEEDED_BUDGETS for seeds $SEEDS. Restartable: a run whose <strategy>.json exists
+# Budgets $BUDGETS for seed 0, and $SEEDED_BUDGETS for seeds $SEEDS (either may be empty: BUDGETS= SEEDED_BUDGETS=0.75
+# runs only the seeded budget). Restartable: a run whose <strategy>.json exists
 # is skipped. The accuracies do not depend on the machine's load (each budget is counted in passes, not seconds);
 # the times in the logs do.
 set -euo pipefail
@@ -18,7 +19,7 @@ PY=${PY:-.venv/bin/python}
 DATA=${DATA:-../shared/data}
 MODEL=${MODEL:-cifar_convnet_half}
 WORKLOAD=${WORKLOAD:-finetune}
-BUDGETS=${BUDGETS:-0.25 0.5 0.75}
+BUDGETS=${BUDGETS-0.25 0.5 0.75}
 SEEDED_BUDGETS=${SEEDED_BUDGETS-0.5}
 read -r -a EXTRA <<<"${EXTRA:-}"
 case $WORKLOAD in

@@ -10,8 +10,9 @@
 #
 # Budgets $BUDGETS for seed 0, and $SEEDED_BUDGETS for seeds $SEEDS (either may be empty: BUDGETS= SEEDED_BUDGETS=0.75
 # runs only the seeded budget). Restartable: a run whose <strategy>.json exists
-# is skipped. The accuracies do not depend on the machine's load (each budget is counted in passes, not seconds);
-# the times in the logs do.
+# is skipped. The accuracies do not depend on the machine's load (each budget is counted in passes, not seconds,
+# at the cost model's phi = 1/3 given as --sb_cost_phi, where the trainer would measure it on the run's first
+# steps); the times in the logs do.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/lr_choice.sh
@@ -54,7 +55,7 @@ STRATEGIES=traditional,uniform-keep0.5,sb,sb-keep0.5,stale-sb,infobatch,composer
 
 run_budget() {  # BUDGET SEED
     $PY scripts/benchmark.py --dataset "$DATA/cifar10" "${WORKLOAD_FLAGS[@]}" --cutout 0 --threads "${THREADS:-2}" \
-        --batch_size 128 --evals_per_epoch 0 --sb_budget "$1" --seed "$2" --keep 0.3333333333 --staleness 3 \
+        --batch_size 128 --evals_per_epoch 0 --sb_budget "$1" --sb_cost_phi 0.3333333333 --seed "$2" --keep 0.3333333333 --staleness 3 \
         --output_dir "$R/budget$1/seed$2" --strategies "$STRATEGIES" "${EXTRA[@]}"
 }
 

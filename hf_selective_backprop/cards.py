@@ -18,6 +18,7 @@ from transformers.trainer_utils import has_length
 
 from .data.specs import KNOWN_DATASETS
 from .engine.accounting import full_pass_summary
+from .engine.budget import PHI_COST_MODEL, PHI_GIVEN, PHI_MEASURED, PHI_MEASURING
 
 TEMPLATE_PATH = Path(str(files(__package__).joinpath("templates", "selective_backprop.md")))
 TASKS = {
@@ -52,6 +53,13 @@ STATS_KEYS = (
     "budget_spent",
 )
 MISSING = "n/a"
+#: What the card says of a budget run's phi, by where it came from (`engine.budget.PHI_*`).
+PHI_SOURCES = {
+    PHI_GIVEN: "given",
+    PHI_MEASURED: "measured on the run's first optimizer steps",
+    PHI_MEASURING: "the cost model's: the run ended before it was measured",
+    PHI_COST_MODEL: "the cost model's",
+}
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
@@ -133,7 +141,7 @@ def render_model_card(
         strategy=getattr(args, "sb_strategy", MISSING),
         reference_model=_reference_model(args),
         budget=getattr(args, "sb_budget", None),
-        cost_phi=_format(stats.get("cost_phi")),
+        cost_phi=_phi(stats),
         sb_settings={name: _cell(value) for name, value in sb_settings(args).items()},
         hyperparameters=dict(hyperparameters or {}),
         eval_table=_markdown_table(eval_lines),
@@ -377,6 +385,14 @@ def _format(value: float | None) -> str:
     if float(value).is_integer():
         return f"{int(value):,}"
     return f"{value:,.2f}"
+
+
+def _phi(stats: Mapping) -> str:
+    phi = stats.get("cost_phi")
+    if phi is None:
+        return MISSING
+    source = PHI_SOURCES.get(stats.get("cost_phi_source"))
+    return f"{phi:.3f}" + (f" ({source})" if source else "")
 
 
 def _percent(value: float | None) -> str:

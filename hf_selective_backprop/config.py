@@ -246,9 +246,11 @@ class SelectiveBackpropArguments:
         default=None,
         metadata={
             "help": "With --sb_budget: the cost of one example's selection forward over that of one example's "
-            "training step (forward and backward), > 0. Default: 1/3, the cost model's value when a backward "
-            "costs two forwards (Jiang et al., 2019, section 3); measure yours (scripts/bench_selection_pass.py) "
-            "and give it for runs whose cost should match the clock."
+            "training step (forward and backward), > 0. Default: measured on the run's first optimizer steps "
+            "(from the third, over ten or more, on every process), the plan then made anew from it and kept in "
+            "checkpoints; until then the cost model's 1/3 (a backward costing two forwards, Jiang et al., 2019, "
+            "section 3). Give a value for a run whose plan and length must not depend on the machine's clock "
+            "(scripts/bench_selection_pass.py measures one)."
         },
     )
 

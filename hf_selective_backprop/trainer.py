@@ -206,15 +206,19 @@ class SelectiveBackpropMixin:
             self.accelerator.num_processes, _compat.train_batch_size(self), self._selection_batch_size(),
         )
         epoch_based = has_length(dataloader) and args.max_steps <= 0
-        plan = None
+        plan = replan = None
         if args.sb_budget is not None:
             plan = state_files.saved_budget(self._resumed_from)
-        if args.sb_budget is not None and plan is None:
-            stats = self.engine.stats  # the reference pass, scored before this ('rholoss')
-            scored = distributed.sum_over_processes(self.accelerator, {"rows": stats.reference_forwards})["rows"]
-            plan = budget.plan(args, self._run_length, self.selector, self.accelerator.num_processes, epoch_based,
-                               scored)
-        self.engine.set_run_length(epoch_based, plan)
+            if plan is None:
+                stats = self.engine.stats  # the reference pass, scored before this ('rholoss')
+                scored = distributed.sum_over_processes(self.accelerator, {"rows": stats.reference_forwards})["rows"]
+            else:
+                scored = plan.before_training / plan.phi  # the reference pass the saved plan paid for
+            # The plan for a phi measured on the first steps (--sb_cost_phi not given): made anew then.
+            replan = partial(budget.plan, args, self._run_length, self.selector, self.accelerator.num_processes,
+                             epoch_based, scored)
+            plan = plan or replan()
+        self.engine.set_run_length(epoch_based, plan, replan)
         if has_length(dataloader):  # a stream keeps the Trainer's values: it is step-based
             values = self._run_length.loop_values(values, args, self.engine.epoch_based)
         if plan is not None:

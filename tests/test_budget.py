@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 
@@ -34,6 +35,9 @@ class _LearningRates(TrainerCallback):
 def _train(output_dir, dataset=None, resume=None, **settings):
     settings = {"num_train_epochs": EPOCHS, "per_device_train_batch_size": BATCH, "lr_scheduler_type": "linear",
                 "logging_steps": 5, **settings}
+    if "sb_budget" in settings:
+        # A plan independent of the clock, as these runs are a few dozen steps; sb_cost_phi=None measures it.
+        settings.setdefault("sb_cost_phi", DEFAULT_PHI)
     rates = _LearningRates()
     trainer = SelectiveBackpropTrainer(
         model=TinyClassifier(), args=make_config(str(output_dir), **settings),
@@ -43,8 +47,9 @@ def _train(output_dir, dataset=None, resume=None, **settings):
     return trainer, rates.seen
 
 
-def _counted(stats: dict, phi: float = DEFAULT_PHI) -> float:
-    return stats["backwards"] + phi * (stats["selection_forwards"] + stats["reference_forwards"])
+def _counted(stats: dict) -> float:
+    """The cost spent, at the phi the run priced it at."""
+    return stats["backwards"] + stats["cost_phi"] * (stats["selection_forwards"] + stats["reference_forwards"])
 
 
 @pytest.mark.parametrize("warmup_steps", [0.0, 0.25])
@@ -74,11 +79,11 @@ def test_a_selective_run_spends_its_budget_within_two_percent(tmp_path, settings
     settings = {"sb_budget": 0.5, **settings}
     trainer, rates = _train(tmp_path, **settings)
     stats = json.loads((tmp_path / STATS_FILE).read_text())
-    phi = settings.get("sb_cost_phi", DEFAULT_PHI)
     target = settings["sb_budget"] * FULL_COST
-    assert _counted(stats, phi) == pytest.approx(target, rel=0.02)
-    assert stats["budget_spent"] == pytest.approx(_counted(stats, phi) / FULL_COST)
-    assert stats["budget"] == settings["sb_budget"] and stats["cost_phi"] == phi
+    assert _counted(stats) == pytest.approx(target, rel=0.02)
+    assert stats["budget_spent"] == pytest.approx(_counted(stats) / FULL_COST)
+    assert stats["budget"] == settings["sb_budget"] and stats["cost_phi"] == settings.get("sb_cost_phi", DEFAULT_PHI)
+    assert stats["cost_phi_source"] == "sb_cost_phi"
     assert rates[-1] == 0.0 and min(rates[:-1]) > 0.0  # the schedule ends at the last step, not before
     assert trainer.state.global_step == stats["optimizer_steps"] == len(rates)
     logged = [log["sb/budget_spent"] for log in trainer.state.log_history if "sb/budget_spent" in log]
@@ -116,8 +121,9 @@ def test_a_resumed_rholoss_run_keeps_the_schedule_the_reference_pass_shortened(t
     def run(output_dir, resume=None):
         trainer = SelectiveBackpropTrainer(
             model=TinyClassifier(), reference_model=TinyClassifier(seed=1), train_dataset=make_dataset(N),
-            args=make_config(str(output_dir), sb_strategy="rholoss", sb_budget=0.5, num_train_epochs=EPOCHS,
-                             lr_scheduler_type="linear", save_strategy="steps", save_steps=5),
+            args=make_config(str(output_dir), sb_strategy="rholoss", sb_budget=0.5, sb_cost_phi=DEFAULT_PHI,
+                             num_train_epochs=EPOCHS, lr_scheduler_type="linear", save_strategy="steps",
+                             save_steps=5),
         )
         trainer.train(resume_from_checkpoint=resume)
         return trainer
@@ -153,7 +159,9 @@ def test_a_resume_with_another_budget_is_refused(tmp_path):
 def test_two_processes_agree_on_the_plan_spend_the_budget_and_resume_to_the_same_end(tmp_path):
     settings = ["--budget", "0.5", "--epochs", "4", "--examples", "1024", "--save-steps", "20"]
     first, second = launch(tmp_path / "whole", settings)
-    assert first["budget"] is not None and first["budget"] == second["budget"]
+    # phi measured from both processes' times (summed): one plan, made anew at the same step on both.
+    assert first["budget"] is not None and first["budget"]["phi_source"] == "measured"
+    assert first["budget"] == second["budget"]
     assert first["budget_spent"] == second["budget_spent"]
     assert first["global_step"] == second["global_step"]
     stats = first["sb_stats"]  # summed over both ranks
@@ -244,8 +252,8 @@ def test_the_reference_pass_is_paid_from_the_budget(tmp_path):
     trainer = SelectiveBackpropTrainer(
         model=TinyClassifier(), reference_model=TinyClassifier(seed=1), callbacks=[rates],
         train_dataset=make_dataset(n),
-        args=make_config(str(tmp_path), sb_strategy="rholoss", sb_budget=0.5, num_train_epochs=EPOCHS,
-                         lr_scheduler_type="linear"),
+        args=make_config(str(tmp_path), sb_strategy="rholoss", sb_budget=0.5, sb_cost_phi=DEFAULT_PHI,
+                         num_train_epochs=EPOCHS, lr_scheduler_type="linear"),
     )
     trainer.train()
     stats, plan = trainer.sb_stats, trainer.engine.budget
@@ -263,3 +271,55 @@ def test_infobatch_anneals_within_the_epochs_the_budget_buys(tmp_path):
     stored = torch.linspace(0, 1, N)  # half of them below the mean: pruned before annealing
     assert trainer.selector.plan_epoch(stored, torch.Generator(), math.floor(0.875 * epochs)) is not None
     assert trainer.selector.plan_epoch(stored, torch.Generator(), math.ceil(0.875 * epochs)) is None
+
+
+MEASURED_N = 1024  # long enough that the ten timed steps are a small part of the run, whatever phi this CPU gives
+
+
+def _measured_run(output_dir, resume=None, **settings):
+    return _train(output_dir, make_dataset(MEASURED_N), resume, sb_strategy="sb", sb_budget=0.5, sb_cost_phi=None,
+                  **settings)
+
+
+def test_a_run_given_no_phi_measures_it_and_spends_its_budget_at_it(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="hf_selective_backprop.engine.engine"):
+        trainer, rates = _measured_run(tmp_path)
+    stats = trainer.sb_stats
+    assert stats["cost_phi_source"] == "measured" and 0 < stats["cost_phi"] < math.inf
+    assert stats["cost_phi"] != DEFAULT_PHI
+    assert _counted(stats) == pytest.approx(0.5 * EPOCHS * MEASURED_N, rel=0.02)
+    assert rates[-1] == 0.0 and min(rates[:-1]) > 0.0
+    said = [r.getMessage() for r in caplog.records if "phi measured on optimizer steps" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("--sb_budget: phi measured on optimizer steps 3-12: ")
+    trainer.create_model_card()
+    card = (tmp_path / "README.md").read_text()
+    assert f"{stats['cost_phi']:.3f} (measured on the run's first optimizer steps)" in card
+
+
+def test_a_strategy_without_selection_forwards_measures_nothing(tmp_path):
+    trainer, _ = _train(tmp_path, sb_strategy="uniform", sb_keep=0.5, sb_budget=0.5, sb_cost_phi=None)
+    assert trainer.engine.phi_meter is None
+    assert (trainer.sb_stats["cost_phi_source"], trainer.sb_stats["cost_phi"]) == ("cost model", DEFAULT_PHI)
+
+
+def test_a_resume_after_the_measurement_keeps_its_phi_and_one_before_it_measures_again(tmp_path):
+    whole, _ = _measured_run(tmp_path / "whole", save_strategy="steps", save_steps=4)
+    saved = {int(path.name.split("-")[1]): torch.load(path / STATE_FILE, weights_only=True)["budget"]
+             for path in (tmp_path / "whole").glob("checkpoint-*")}
+    assert saved[4]["phi_source"] == "measuring" and saved[4]["phi"] == DEFAULT_PHI
+    after = min(step for step, plan in saved.items() if plan["phi_source"] == "measured")
+    assert after < whole.state.global_step and saved[after] == whole.engine.budget.state_dict()
+
+    shutil.copytree(tmp_path / "whole" / f"checkpoint-{after}", tmp_path / "after" / f"checkpoint-{after}")
+    resumed, _ = _measured_run(tmp_path / "after", str(tmp_path / "after" / f"checkpoint-{after}"),
+                               save_strategy="steps", save_steps=4)
+    assert resumed.state.global_step == whole.state.global_step
+    assert resumed.engine.budget == whole.engine.budget and resumed.engine.budget_spent == whole.engine.budget_spent
+    for name, value in whole.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
+
+    shutil.copytree(tmp_path / "whole" / "checkpoint-4", tmp_path / "before" / "checkpoint-4")
+    again, _ = _measured_run(tmp_path / "before", str(tmp_path / "before" / "checkpoint-4"),
+                             save_strategy="steps", save_steps=4)
+    assert again.sb_stats["cost_phi_source"] == "measured"
+    assert _counted(again.sb_stats) == pytest.approx(0.5 * EPOCHS * MEASURED_N, rel=0.02)

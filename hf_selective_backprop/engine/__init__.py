@@ -2,8 +2,8 @@
 
 `SelectionEngine` (`engine.py`) is the one object that holds selection state; the modules beside it are its
 parts: the loss store (`store.py`), the batch queue and its padding (`queue.py`, `padding.py`), the epoch's
-plan, the run's length and its budget (`epoch_plan.py`, `run_length.py`, `budget.py`, `schedule.py`), the
-selection forward (`scoring.py`), example ids (`indexing.py`), irreducible losses for RHO-LOSS
+plan, the run's length and its budget (`epoch_plan.py`, `run_length.py`, `budget.py`, `phi_meter.py`,
+`schedule.py`), the selection forward (`scoring.py`), example ids (`indexing.py`), irreducible losses for RHO-LOSS
 (`reference.py`), collectives and host copies (`distributed.py`, `transfer.py`), streams (`streams.py`),
 counters (`accounting.py`) and checkpoints (`state_files.py`, `checkpoints.py`, `run_record.py`,
 `data_state.py`, `rotation.py`).

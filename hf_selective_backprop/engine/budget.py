@@ -20,9 +20,13 @@ from .run_length import RunLength
 #: What a backward and the optimizer step cost per training forward in the cost model (r = 2: a backward
 #: costs two forwards, the paper's assumption).
 COST_MODEL_R = 2.0
-#: phi when --sb_cost_phi is not given: a selection forward costs one training forward, a third of a
-#: training step (1 / (1 + r)).
+#: phi until the engine has measured it (--sb_cost_phi not given): a selection forward costs one training
+#: forward, a third of a training step (1 / (1 + r)).
 DEFAULT_PHI = 1.0 / (1.0 + COST_MODEL_R)
+
+#: Where a plan's phi comes from: --sb_cost_phi; the cost model's, while the engine measures it on the run's first
+#: steps (phi_meter); measured; the cost model's for good, in a run that has no selection forward to time.
+PHI_GIVEN, PHI_MEASURING, PHI_MEASURED, PHI_COST_MODEL = "sb_cost_phi", "measuring", "measured", "cost model"
 
 
 @dataclass(frozen=True)
@@ -32,7 +36,9 @@ class BudgetPlan:
 
     ``before_training`` is what was spent before the first step (the reference pass); ``epochs`` and
     ``steps`` are what the strategy is expected to read and take within the budget (``epochs`` is None for
-    a stream, whose epoch length is unknown).
+    a stream, whose epoch length is unknown). ``phi_source`` says where ``phi`` comes from (``PHI_*``); while it
+    is measured, the plan is the cost model's and is made anew from the measured phi, but for ``steps``: the
+    learning-rate schedule was built over them (it spans the run by the share of the budget spent).
     """
 
     budget: float
@@ -41,6 +47,7 @@ class BudgetPlan:
     before_training: float
     epochs: float | None
     steps: int
+    phi_source: str = PHI_GIVEN  # what plans saved before phi was measured had: a fixed phi
 
     @property
     def target(self) -> float:
@@ -78,7 +85,7 @@ def plain_steps(args, full_steps: int) -> int:
 
 
 def plan(args, run_length: RunLength, selector, num_processes: int, epoch_based: bool,
-         reference_forwards: float) -> BudgetPlan:
+         reference_forwards: float, measured_phi: float | None = None) -> BudgetPlan:
     """The epochs (and optimizer steps) whose expected cost meets the budget, for ``selector``'s strategy, after
     a reference pass of ``reference_forwards`` examples (over all processes).
 
@@ -86,8 +93,16 @@ def plan(args, run_length: RunLength, selector, num_processes: int, epoch_based:
     diluted by the plain steps outside --sb_start/--sb_end and of --sb_interrupt) and scores a share of them:
     all for a strategy with a selection forward (1/n of the epochs with --sb_staleness n), none for one that
     decides without (uniform, InfoBatch). Warm-up epochs train every row and score none.
+
+    phi is ``measured_phi``, else --sb_cost_phi, else the cost model's until the engine measures it (in a run
+    with selection forwards: in others phi prices nothing).
     """
-    phi = args.sb_cost_phi if args.sb_cost_phi is not None else DEFAULT_PHI
+    if measured_phi is not None:
+        phi, source = measured_phi, PHI_MEASURED
+    elif args.sb_cost_phi is not None:
+        phi, source = args.sb_cost_phi, PHI_GIVEN
+    else:
+        phi, source = DEFAULT_PHI, PHI_MEASURING if selector.needs_losses else PHI_COST_MODEL
     rows_per_step = run_length.rows_per_step * num_processes
     rows_per_epoch = run_length.rows_per_epoch * num_processes
     full_cost = args.num_train_epochs * rows_per_epoch if epoch_based else args.max_steps * rows_per_step
@@ -109,4 +124,4 @@ def plan(args, run_length: RunLength, selector, num_processes: int, epoch_based:
     epochs = None
     if rows_per_epoch:
         epochs = warm / rows_per_epoch + (training - warm) / (rows_per_epoch * run_length.expected_keep() * per_trained)
-    return BudgetPlan(budget, phi, float(full_cost), float(before_training), epochs, steps)
+    return BudgetPlan(budget, phi, float(full_cost), float(before_training), epochs, steps, source)

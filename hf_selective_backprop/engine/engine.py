@@ -14,7 +14,10 @@ Its state goes into checkpoints through ``state_dict`` / ``load_state_dict`` (fi
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import sys
+from collections.abc import Callable
 from functools import partial
 
 import torch
@@ -24,9 +27,10 @@ from transformers.trainer_utils import has_length
 from ..selectors import Selector
 from . import distributed, streams, transfer
 from .accounting import SelectionStats, merged_stats
-from .budget import BudgetPlan
+from .budget import PHI_MEASURING, BudgetPlan
 from .data_state import DataState
 from .epoch_plan import EpochPlan, PlannedSampler, stale_plan
+from .phi_meter import PhiMeasurement, PhiMeter
 from .queue import BatchQueue
 from .reference import IrreducibleLosses, ReferencePass
 from .schedule import in_selection_window, is_interrupt_step
@@ -34,6 +38,8 @@ from .scoring import SelectionScorer
 from .store import LossStore
 
 WEIGHT_KEY = "sb_weight"
+
+logger = logging.getLogger(__name__)
 
 
 class SelectionEngine:
@@ -92,6 +98,9 @@ class SelectionEngine:
         self.budget: BudgetPlan | None = None  # a budget run's plan (--sb_budget): it ends when the budget is spent
         self.budget_spent = 0.0  # cost spent, summed over processes (BudgetPlan.spent), as of the latest step
         self.budget_done = False
+        self.replan: Callable[[float], BudgetPlan] | None = None  # the budget's plan for a measured phi
+        self.phi_meter: PhiMeter | None = None  # times phi on the first steps of a budget run given no phi
+        self._budget_totals: dict | None = None  # the counts the latest budget_spent priced, over all processes
         self.steps_in_epoch = 0
         self.epoch_without_step = False
         self.inputs_checked = False
@@ -120,18 +129,26 @@ class SelectionEngine:
             # larger id shows up (~2.7x its final size at peak, docs/reliability.md).
             self.store = LossStore(int(ids.max()) + 1)
 
-    def set_run_length(self, epoch_based: bool, budget: BudgetPlan | None = None) -> None:
+    def set_run_length(self, epoch_based: bool, budget: BudgetPlan | None = None,
+                       replan: Callable[[float], BudgetPlan] | None = None) -> None:
         """Whether the run ends when its data does (epoch-based), when ``budget`` is spent, or after a number of
-        steps."""
+        steps. ``replan`` makes the budget's plan from a measured phi (a plan whose phi is being measured)."""
         self.epoch_based = epoch_based and budget is None
-        self.budget = budget
+        self.replan = replan
         if budget is not None:
+            self._adopt_budget(budget)
             self.budget_spent, self.budget_done = budget.before_training, False
-            self._fit_selector()
 
-    def _fit_selector(self) -> None:
-        if self.budget.epochs is not None:
-            self.selector.fit_run(self.budget.epochs)
+    def _adopt_budget(self, budget: BudgetPlan) -> None:
+        self.budget = budget
+        self.phi_meter = None
+        if budget.phi_source == PHI_MEASURING:
+            device_synchronize = None
+            if self.accelerator.device.type != "cpu":
+                device_synchronize = partial(torch.accelerator.synchronize, self.accelerator.device)
+            self.phi_meter = PhiMeter(self.stats, device_synchronize)
+        if budget.epochs is not None:
+            self.selector.fit_run(budget.epochs)
 
     @property
     def follows_progress(self) -> bool:
@@ -199,9 +216,8 @@ class SelectionEngine:
             self.irreducible = IrreducibleLosses.from_state_dict(shared["irreducible"])
         self.epoch = shared["epoch"]
         if shared.get("budget") is not None:
-            self.budget = BudgetPlan.from_state_dict(shared["budget"])
+            self._adopt_budget(BudgetPlan.from_state_dict(shared["budget"]))
             self.budget_spent, self.budget_done = shared["budget_spent"], shared["budget_done"]
-            self._fit_selector()
         plan = None if shared["plan"] is None else EpochPlan.from_state_dict(shared["plan"])
         # Rows of the epoch's (planned) order that all processes together had read.
         read = shared["consumed"] * shared["world_size"] * shared["rows_per_batch"]
@@ -403,7 +419,7 @@ class SelectionEngine:
         """A budget run's plan and the share of the full run's cost spent so far (empty without a budget)."""
         if self.budget is None:
             return {}
-        return {"budget": self.budget.budget, "cost_phi": self.budget.phi,
+        return {"budget": self.budget.budget, "cost_phi": self.budget.phi, "cost_phi_source": self.budget.phi_source,
                 "budget_spent": self.budget_spent / self.budget.full_cost}
 
     # ---- steps -------------------------------------------------------------------------------
@@ -459,9 +475,31 @@ class SelectionEngine:
         totals = distributed.sum_over_processes(self.accelerator, {
             "backwards": stats.backwards, "selection": stats.selection_forwards, "reference": stats.reference_forwards,
         })
+        if self.phi_meter is not None:
+            measured = self.phi_meter.at_step(self.accelerator, totals["selection"])
+            if measured is not None:
+                self._price_at(measured)
         spent = self.budget.spent(totals["backwards"], totals["selection"], totals["reference"])
         step_cost, self.budget_spent = spent - self.budget_spent, spent
         self.budget_done = spent + step_cost / 2 >= self.budget.target
+        self._budget_totals = totals
+
+    def _price_at(self, measured: PhiMeasurement) -> None:
+        """The plan made anew from the measured phi, and what was spent so far priced at it: the schedule
+        follows the budget spent, so it moves by what the measurement changed, once."""
+        before, measured_plan = self.budget, self.replan(measured.phi)
+        # The schedule was built over the steps first planned, and spans the run by its share of the budget
+        # spent: a resumed run rebuilds it over the same steps, so it must find them in the plan.
+        self._adopt_budget(dataclasses.replace(measured_plan, steps=before.steps))
+        previous = self._budget_totals
+        self.budget_spent = self.budget.spent(previous["backwards"], previous["selection"], previous["reference"])
+        logger.info(
+            "--sb_budget: phi measured on optimizer steps %d-%d: %.3f (a selection %.3f ms per scored example, a "
+            "training step %.3f ms per trained example; the cost model's %.3f until now): the budget buys about "
+            "%d optimizer steps (%d at the cost model's phi)",
+            measured.first_step, measured.last_step, measured.phi, measured.selection_ms, measured.training_ms,
+            before.phi, measured_plan.steps, before.steps,
+        )
 
     def check_inputs(self, batch: dict, model: torch.nn.Module) -> None:
         """At the run's first batch, one selection forward on one example: a model that cannot take

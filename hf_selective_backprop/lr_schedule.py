@@ -62,7 +62,13 @@ def at_progress(fn: Callable[[int], float], trainer, total_steps: int, step: int
     budget's) is only known afterwards."""
     if not (trainer.is_in_train and trainer.engine.follows_progress):
         return fn(step)  # a step-based run, or a scheduler stepped by hand outside training
-    return fn(round(trainer.training_progress() * total_steps))
+    progress = trainer.training_progress()
+    if progress >= 1.0:
+        return fn(total_steps)
+    # The schedule's end belongs to the run's last step: a run that outlives the steps it was sized to (it kept
+    # more rows, or its budget bought more steps than the cost model's phi said) would otherwise take its last
+    # steps at that end (a linear decay's zero).
+    return fn(min(round(progress * total_steps), total_steps - 1))
 
 
 def schedule_for(trainer, scheduler, total_steps: int) -> None:

@@ -3,6 +3,7 @@ and a resume across a decay point."""
 
 import math
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from tiny import TinyClassifier, make_config, make_dataset
 from transformers import TrainerCallback
 
 from hf_selective_backprop import SelectiveBackpropTrainer
-from hf_selective_backprop.lr_schedule import step_decay
+from hf_selective_backprop.lr_schedule import at_progress, step_decay
 
 PAPER = dict(lr_scheduler_type="constant", lr_decay_milestones=[0.3, 0.6, 0.8], lr_decay_factor=0.2)
 
@@ -118,3 +119,13 @@ def test_resume_across_a_decay_point_continues_the_schedule(tmp_path):
     for (name, ours), theirs in zip(resumed.model.state_dict().items(), reference.model.state_dict().values(),
                                     strict=True):
         assert torch.equal(ours, theirs), name
+
+
+def test_a_run_that_outlives_its_sized_steps_reaches_the_schedules_end_only_at_its_last_step():
+    """Sized to 10 steps, a run still short of its end (progress 0.97, as its 30th of 31 steps would be) takes
+    the schedule's next-to-last value, not its end (a linear decay's zero); done, the end."""
+    linear = lambda step: (10 - step) / 10  # noqa: E731
+    trainer = SimpleNamespace(is_in_train=True, engine=SimpleNamespace(follows_progress=True))
+    for progress, expected in ((0.5, 0.5), (0.97, 0.1), (1.0, 0.0)):
+        trainer.training_progress = lambda p=progress: p
+        assert at_progress(linear, trainer, 10, step=30) == pytest.approx(expected)

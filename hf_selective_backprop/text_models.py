@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -15,6 +16,8 @@ from transformers import (
     GPT2LMHeadModel,
     PreTrainedModel,
 )
+
+logger = logging.getLogger(__name__)
 
 #: The Hub pipeline tag (the model card's task) of each task.
 PIPELINE_TAGS = {"text-classification": "text-classification", "causal-lm": "text-generation"}
@@ -69,6 +72,19 @@ def load_tokenizer(args: TextModelArguments):
         # GPT-2 style tokenizers have no pad token; padded positions are masked out anyway.
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def fitted_max_length(max_length: int, tokenizer) -> int:
+    """--max_length, or the model's own limit where that is shorter (its tokenizer's ``model_max_length``, as
+    the Hugging Face example scripts take it): a longer row would index past the model's position embeddings."""
+    limit = getattr(tokenizer, "model_max_length", None)
+    if limit is None or limit >= max_length:
+        return max_length
+    logger.warning(
+        "--max_length %d is longer than the model takes (its tokenizer's model_max_length, %d): texts are "
+        "truncated to %d tokens", max_length, limit, limit,
+    )
+    return limit
 
 
 def build_text_model(args: TextModelArguments, tokenizer, task: str, max_length: int,

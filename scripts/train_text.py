@@ -39,6 +39,7 @@ from hf_selective_backprop.text_models import (
     PIPELINE_TAGS,
     TextModelArguments,
     build_text_model,
+    fitted_max_length,
     load_tokenizer,
     model_flags,
 )
@@ -100,14 +101,15 @@ def run(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_arg
             else:
                 tokenizer = AutoTokenizer.from_pretrained(config.output_dir)
 
+    max_length = fitted_max_length(data_args.max_length, tokenizer)
     with config.main_process_first(desc="tokenize"):
         columns = dict(label_column=data.label_column, text_pair_column=data_args.text_pair_column)
-        train = tokenize(data.train, tokenizer, data.text_column, data_args.max_length, **columns)
+        train = tokenize(data.train, tokenizer, data.text_column, max_length, **columns)
         evaluation = None
         if data.eval is not None:
-            evaluation = tokenize(data.eval, tokenizer, data.text_column, data_args.max_length, **columns)
+            evaluation = tokenize(data.eval, tokenizer, data.text_column, max_length, **columns)
 
-    model = build_text_model(model_args, tokenizer, data_args.task, data_args.max_length, data.label_names)
+    model = build_text_model(model_args, tokenizer, data_args.task, max_length, data.label_names)
     if classification:
         collator = DataCollatorWithPadding(tokenizer)
     else:

@@ -51,3 +51,23 @@ def test_a_split_the_dataset_lacks_is_refused_naming_the_flag(tmp_path):
     data = write_review_folder(tmp_path / "reviews")
     with pytest.raises(ValueError, match=r"--splits names \['test'\]"):
         pretrain(data, tmp_path / "bert", "--splits", "train,test")
+
+
+def test_fine_tuning_a_model_with_fewer_positions_than_max_length_truncates_to_them_and_says_so(tmp_path, caplog):
+    """A model pretrained on 4-token texts has 4 positions: --max_length 128 rows would index past them."""
+    from hf_selective_backprop.benchmarks.workloads import text_workload
+    from hf_selective_backprop.data.text import TextDataArguments
+    from hf_selective_backprop.text_models import TextModelArguments
+
+    data = write_review_folder(tmp_path / "reviews")
+    pretrain(data, tmp_path / "bert", "--objective", "mlm", "--max_length", "4")
+    data_args = TextDataArguments(dataset=str(data), label_column="sentiment", max_length=128)
+    with caplog.at_level("WARNING", logger="hf_selective_backprop.text_models"):
+        workload = text_workload(data_args, TextModelArguments(model_name_or_path=str(tmp_path / "bert")), 0)
+    assert "--max_length 128 is longer than the model takes (its tokenizer's model_max_length, 4)" in caplog.text
+    lengths = [len(ids) for ids in workload.train["input_ids"]]
+    assert max(lengths) == 4
+    model = workload.build_model()
+    batch = workload.data_collator([workload.train[i] for i in range(8)])
+    batch.pop("sb_index", None)
+    assert model(**{k: v for k, v in batch.items() if k != "labels"}).logits.shape == (8, 2)

@@ -47,7 +47,7 @@ def text_workload(data_args, model_args, seed: int) -> Workload:
     from transformers import DataCollatorWithPadding
 
     from ..data.text import load_text_data, texts_of, tokenize, train_wordpiece_tokenizer
-    from ..text_models import build_text_model, load_tokenizer
+    from ..text_models import build_text_model, fitted_max_length, load_tokenizer
 
     if data_args.task != "text-classification":
         raise ValueError(f"--task {data_args.task!r}: the benchmark measures accuracy, use text-classification")
@@ -58,9 +58,10 @@ def text_workload(data_args, model_args, seed: int) -> Workload:
     if tokenizer is None:
         texts = texts_of(data.train, data.text_column, data_args.text_pair_column, max_length=data_args.max_length)
         tokenizer = train_wordpiece_tokenizer(texts, model_args.vocab_size, data_args.max_length)
+    max_length = fitted_max_length(data_args.max_length, tokenizer)
     columns = dict(label_column=data.label_column, text_pair_column=data_args.text_pair_column)
-    train = tokenize(data.train, tokenizer, data.text_column, data_args.max_length, **columns)
-    evaluation = tokenize(data.eval, tokenizer, data.text_column, data_args.max_length, **columns)
+    train = tokenize(data.train, tokenizer, data.text_column, max_length, **columns)
+    evaluation = tokenize(data.eval, tokenizer, data.text_column, max_length, **columns)
     if model_args.model_name_or_path is not None:
         name = model_args.model_name_or_path
     else:
@@ -71,7 +72,7 @@ def text_workload(data_args, model_args, seed: int) -> Workload:
         dataset_id=data.dataset_id,
         model_name=name,
         build_model=lambda: build_text_model(
-            model_args, tokenizer, data_args.task, data_args.max_length, data.label_names
+            model_args, tokenizer, data_args.task, max_length, data.label_names
         ),
         data_collator=DataCollatorWithPadding(tokenizer),
         processing_class=tokenizer,

@@ -6,7 +6,10 @@
 # beside its uniform control, as benchmarks/run_finetune.sh does for images.
 #
 # PARTS: pretrain, lr (Traditional, seed 0, at each of $LRS; LR=auto takes the most accurate), main (seeds
-# $SEEDS), report. Restartable: a run whose <strategy>.json exists is skipped. Run it on an otherwise idle machine.
+# $SEEDS), report, redundancy (Traditional again, seeds $REDUNDANCY_SEEDS, also measuring its loss on the first
+# 1,000 training sentences at every evaluation: a run of its own, so the main part's timings measure training
+# alone), variants (seeds $VARIANT_SEEDS: SB selecting from the second epoch on, after a full first one, beside
+# its uniform control: the first epoch is where the paper's setting stalls). Restartable: a run whose <strategy>.json exists is skipped. Run it on an otherwise idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source benchmarks/lr_choice.sh
@@ -26,7 +29,11 @@ COMMON=(--dataset "$DATA/sst2" --model_name_or_path "$PRETRAINED" --threads "$TH
 SELECTIVE="sb sb-keep0.5 stale-sb infobatch composer-card topk-keep0.5"
 STRATEGIES="traditional $SELECTIVE $(printf 'uniform-for-%s ' $SELECTIVE)"
 
-for PART in ${PARTS:-pretrain lr main report}; do
+lr_used() {  # $LR, or with LR=auto (the default) the lr part's most accurate
+    if [[ ${LR:-auto} == auto ]]; then best_lr "$R/lr"; else echo "$LR"; fi
+}
+
+for PART in ${PARTS:-pretrain lr main report redundancy variants}; do
     case $PART in
     pretrain)
         if [[ ! -f $PRETRAINED/model.safetensors ]]; then
@@ -44,10 +51,7 @@ for PART in ${PARTS:-pretrain lr main report}; do
         done
         ;;
     main)
-        LR_USED=${LR:-auto}
-        if [[ $LR_USED == auto ]]; then
-            LR_USED=$(best_lr "$R/lr")
-        fi
+        LR_USED=$(lr_used)
         echo "main: learning rate $LR_USED"
         if [[ -f $R/lr/lr$LR_USED/traditional.json && ! -f $R/seed0/traditional.json ]]; then
             mkdir -p "$R/seed0"
@@ -58,12 +62,31 @@ for PART in ${PARTS:-pretrain lr main report}; do
                 --keep 0.3333333333 --staleness 3 --output_dir "$R/seed$SEED" --strategies "$(echo $STRATEGIES | tr ' ' ',')"
         done
         ;;
+    redundancy)
+        for SEED in ${REDUNDANCY_SEEDS:-0}; do
+            $PY scripts/benchmark_text.py "${COMMON[@]}" --learning_rate "$(lr_used)" --seed "$SEED" \
+                --train_eval_samples 1000 --output_dir "$R/redundancy/seed$SEED" --strategies traditional
+        done
+        $PY scripts/paper_regime_report.py --root "$R/redundancy" \
+            --title "Fine-tuning SST-2: Traditional's fit of its first 1,000 training sentences"
+        ;;
+    variants)
+        for SEED in ${VARIANT_SEEDS:-0}; do
+            mkdir -p "$R/variants/seed$SEED"
+            cp -n "$R/seed$SEED/traditional.json" "$R/variants/seed$SEED/"
+            $PY scripts/benchmark_text.py "${COMMON[@]}" --learning_rate "$(lr_used)" --seed "$SEED" \
+                --keep 0.3333333333 --warmup_epochs 1 --output_dir "$R/variants/seed$SEED" \
+                --strategies traditional,sb-warmup,uniform-for-sb-warmup
+        done
+        $PY scripts/paper_regime_report.py --root "$R/variants" \
+            --title "Fine-tuning SST-2: SB from the second epoch on"
+        ;;
     report)
         $PY scripts/paper_regime_report.py --root "$R" \
             --title "Fine-tuning: SST-2 from a BERT 2x128 pretrained (masked LM) on SST-2's sentences, $EPOCHS epochs"
         ;;
     *)
-        echo "unknown part $PART: pretrain, lr, main or report" >&2
+        echo "unknown part $PART: pretrain, lr, main, report, redundancy or variants" >&2
         exit 2
         ;;
     esac

@@ -111,19 +111,21 @@ def test_report_has_every_section_and_figure(tmp_path):
     assert frontier.index("UNIFORM-FOR-SB") < frontier.index("TRADITIONAL")
 
 
-def test_fit_rows_are_the_first_rows_unaugmented_and_refuse_bad_counts():
+def test_fit_rows_are_the_first_rows_unaugmented_in_evaluation_batches_and_refuse_bad_counts():
     from tiny import make_image_dataset
 
     from hf_selective_backprop.benchmarks.runner import _fit_rows
+    from hf_selective_backprop.benchmarks.workloads import Workload
 
     dataset = make_image_dataset(16)
-    pixels, labels = _fit_rows(dataset, 5)
+    workload = Workload(train=dataset, eval=dataset, dataset_id="tiny", model_name="tiny", build_model=None)
+    batches = _fit_rows(workload, 5, batch_size=2)
+    assert [len(batch["labels"]) for batch in batches] == [2, 2, 1]
     plain = dataset.without_augmentation()
+    pixels = torch.cat([batch["pixel_values"] for batch in batches])
     assert torch.equal(pixels, torch.stack([plain[i]["pixel_values"] for i in range(5)]))
-    assert torch.equal(labels, dataset.labels[:5])
+    assert torch.equal(torch.cat([batch["labels"] for batch in batches]), dataset.labels[:5])
     # Unaugmented: the same rows twice give the same pixels (the training view crops and flips at random).
-    assert torch.equal(_fit_rows(dataset, 5)[0], pixels)
+    assert torch.equal(torch.cat([batch["pixel_values"] for batch in _fit_rows(workload, 5, 2)]), pixels)
     with pytest.raises(ValueError, match="more than the 16 training rows"):
-        _fit_rows(dataset, 17)
-    with pytest.raises(ValueError, match="needs an image dataset"):
-        _fit_rows(list(range(4)), 2)
+        _fit_rows(workload, 17, 2)

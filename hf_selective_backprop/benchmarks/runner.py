@@ -172,9 +172,9 @@ class BenchmarkTrainer(SelectiveBackpropTrainer):
         self.evals: list[dict] = []
         self.timings = {"train_step_seconds": 0.0, "optimizer_seconds": 0.0, "batch_seconds": 0.0}
         self.loop_seconds: tuple[float, float] | None = None  # (wall, CPU) at the last epoch's end
-        #: (pixel_values, labels) of unaugmented training rows whose fit every evaluation also measures (None:
-        #: the test split only); decoded once, as the eval transform is deterministic.
-        self.fit_rows: tuple[torch.Tensor, torch.Tensor] | None = None
+        #: Unaugmented training rows whose fit every evaluation also measures, collated once in evaluation
+        #: batches (None: the evaluation split only); once is enough, as nothing about them is random.
+        self.fit_rows: list[dict[str, torch.Tensor]] | None = None
         #: The median loss on `fit_rows` at the first evaluation: later evaluations count the rows below it.
         self.first_median_loss: float | None = None
         self.add_callback(_TimingCallback(self))
@@ -227,22 +227,24 @@ class BenchmarkTrainer(SelectiveBackpropTrainer):
         model = self.accelerator.unwrap_model(self.model)
         was_training = model.training
         model.eval()
-        pixels, labels = self.fit_rows
-        correct = 0
+        self._set_signature_columns_if_needed()
+        correct = rows = 0
         losses = []
         with self.clock.excluded(), torch.no_grad():
-            for start in range(0, len(labels), self.args.per_device_eval_batch_size):
-                stop = start + self.args.per_device_eval_batch_size
-                targets = labels[start:stop].to(self.args.device)
-                logits = model(pixel_values=pixels[start:stop].to(self.args.device)).logits
+            for batch in self.fit_rows:
+                targets = batch["labels"].to(self.args.device)
+                inputs = {key: value.to(self.args.device) for key, value in batch.items()
+                          if key != "labels" and key in self._signature_columns}
+                logits = model(**inputs).logits
                 losses.append(torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none").cpu())
                 correct += int((logits.argmax(-1) == targets).sum())
+                rows += len(targets)
         model.train(was_training)
         losses = torch.cat(losses)
         if self.first_median_loss is None:
             self.first_median_loss = float(losses.median())
         return {
-            "train_accuracy": correct / len(labels),
+            "train_accuracy": correct / rows,
             "train_low_loss_share": float((losses < FIT_LOSS).float().mean()),
             # Redundancy as learning proceeds: rows now easier than the typical row was at the first evaluation.
             "train_below_first_median_share": float((losses < self.first_median_loss).float().mean()),
@@ -269,15 +271,19 @@ def _own_augmentation(dataset, seed: int):
     return view
 
 
-def _fit_rows(dataset, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``count`` training rows without augmentation (an image dataset's `without_augmentation`),
-    as one batch of pixel values and labels."""
-    if not hasattr(dataset, "without_augmentation"):
-        raise ValueError("--train_eval_samples needs an image dataset (one with without_augmentation())")
+def _fit_rows(workload: Workload, count: int, batch_size: int) -> list[dict[str, torch.Tensor]]:
+    """The first ``count`` training rows (an image dataset's `without_augmentation`; text has none), collated as
+    the workload collates them, in batches of ``batch_size``."""
+    dataset = workload.train
     if count > len(dataset):
         raise ValueError(f"--train_eval_samples {count} is more than the {len(dataset)} training rows")
-    batch = default_data_collator(dataset.without_augmentation().__getitems__(list(range(count))))
-    return batch["pixel_values"], batch["labels"]
+    if hasattr(dataset, "without_augmentation"):
+        dataset = dataset.without_augmentation()
+    collate = workload.data_collator or default_data_collator
+    return [
+        collate(dataset.__getitems__(list(range(start, min(start + batch_size, count)))))
+        for start in range(0, count, batch_size)
+    ]
 
 
 def _stats(trainer: BenchmarkTrainer) -> dict:
@@ -321,7 +327,7 @@ def run_strategy(
         trainer.add_callback(_EvaluateEveryFraction(settings.evals_per_epoch))
     trainer.turnstile, trainer.run_name = turnstile, strategy.name
     if settings.train_eval_samples:
-        trainer.fit_rows = _fit_rows(workload.train, settings.train_eval_samples)
+        trainer.fit_rows = _fit_rows(workload, settings.train_eval_samples, config.per_device_eval_batch_size)
     load_before = os.getloadavg()
     wall0, cpu0 = time.perf_counter(), time.process_time()
     trainer.train()

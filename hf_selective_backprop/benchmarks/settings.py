@@ -70,7 +70,7 @@ class RunSettings:
         default=0,
         metadata={
             "help": "Also log, at every evaluation, the accuracy and the share of losses below 0.1 on the first N "
-            "training images without augmentation (convergence evidence). 0: off."
+            "training rows (images without augmentation) (convergence evidence). 0: off."
         },
     )
 

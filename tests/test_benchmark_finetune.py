@@ -71,6 +71,13 @@ def test_the_redundancy_table_averages_traditionals_shares_over_seeds():
     assert redundancy_table({"seed0": {"sb": run("sb", [0.1], [1], 10)}}) == ""
 
 
+def test_the_redundancy_table_names_an_evaluation_a_step_past_a_quarter_epoch_by_the_quarter():
+    base = run("traditional", [0.3, 0.2], [5, 10], 100, low=[0.1, 0.2], below=[0.5, 0.6])
+    base["evals"][0]["epoch"], base["evals"][1]["epoch"] = 0.250356, 0.500238
+    table = redundancy_table({"seed0": {"traditional": base}})
+    assert "| 0.25 | 10.0 ± 0.0 % |" in table and "| 0.5 | 20.0 ± 0.0 % |" in table
+
+
 def test_the_target_needs_accuracy_speed_and_a_margin_over_the_control_in_every_seed():
     data = seeds()
     table = target_table(summarize(data), data)

@@ -111,6 +111,15 @@ def test_report_has_every_section_and_figure(tmp_path):
     assert frontier.index("UNIFORM-FOR-SB") < frontier.index("TRADITIONAL")
 
 
+def test_report_leaves_out_the_convergence_section_when_no_run_measured_its_training_rows(tmp_path):
+    _, sb, control = seed_logs()
+    trad = log("traditional", [0.5, 0.3, 0.2, 0.2], [10, 20, 30, 40], backwards=400, seen=400)
+    write(tmp_path / "seed0", trad, sb, control)
+    text = open(write_paper_regime_report(str(tmp_path), "T")).read()
+    assert "Did Traditional converge?" not in text and "How redundant" not in text
+    assert "Every strategy over seeds" in text and "uniform control" in text
+
+
 def test_fit_rows_are_the_first_rows_unaugmented_in_evaluation_batches_and_refuse_bad_counts():
     from tiny import make_image_dataset
 

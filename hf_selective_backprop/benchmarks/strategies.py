@@ -64,7 +64,7 @@ def build_strategy(
     if name == "sb-warmup":
         return Strategy(
             name,
-            f"SB after {warmup_epochs} full epochs",
+            f"SB after {warmup_epochs} full epoch{'' if warmup_epochs == 1 else 's'}",
             {"sb_strategy": "sb", "sb_keep": keep, "sb_warmup_epochs": warmup_epochs},
         )
     if name == "sb-train-mode":

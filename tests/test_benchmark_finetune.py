@@ -89,3 +89,21 @@ def test_the_target_needs_accuracy_speed_and_a_margin_over_the_control_in_every_
     data["seed1"]["uniform-for-fast"] = run("uniform-for-fast", [0.2, 0.13], [4, 8], 40)
     table = target_table(summarize(data), data)
     assert "**met**" in next(line for line in table.splitlines() if line.startswith("| FAST"))
+
+
+def test_an_image_run_measures_its_fit_of_the_first_training_rows_at_every_evaluation(tmp_path):
+    from hf_selective_backprop.benchmarks.runner import RunSettings, run_strategy
+    from hf_selective_backprop.benchmarks.workloads import image_workload
+    from hf_selective_backprop.data import DataArguments
+    from hf_selective_backprop.models import ModelArguments
+
+    data_args = DataArguments(dataset="digits", max_train_samples=64, max_eval_samples=32, image_size=16)
+    workload = image_workload(data_args, ModelArguments(model="test_resnet"), seed=0)
+    settings = RunSettings(output_dir=str(tmp_path), num_train_epochs=2, batch_size=16, eval_batch_size=8,
+                           train_eval_samples=20)
+    log = run_strategy(build_strategy("traditional", 1.0, 1, 0), workload, settings, 2)
+    assert len(log["evals"]) == 2
+    for entry in log["evals"]:  # 20 rows in batches of 8: whole shares of 20
+        for share in ("train_accuracy", "train_low_loss_share", "train_below_first_median_share"):
+            assert entry[share] * 20 == pytest.approx(round(entry[share] * 20))
+    assert log["evals"][0]["train_below_first_median_share"] == pytest.approx(9 / 20)

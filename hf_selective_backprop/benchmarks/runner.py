@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -227,14 +228,14 @@ class BenchmarkTrainer(SelectiveBackpropTrainer):
         model = self.accelerator.unwrap_model(self.model)
         was_training = model.training
         model.eval()
-        self._set_signature_columns_if_needed()
+        # What the forward takes: a row's index or other bookkeeping columns stay out.
+        accepted = set(inspect.signature(model.forward).parameters) - {"labels"}
         correct = rows = 0
         losses = []
         with self.clock.excluded(), torch.no_grad():
             for batch in self.fit_rows:
                 targets = batch["labels"].to(self.args.device)
-                inputs = {key: value.to(self.args.device) for key, value in batch.items()
-                          if key != "labels" and key in self._signature_columns}
+                inputs = {key: value.to(self.args.device) for key, value in batch.items() if key in accepted}
                 logits = model(**inputs).logits
                 losses.append(torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none").cpu())
                 correct += int((logits.argmax(-1) == targets).sum())

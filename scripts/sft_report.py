@@ -1,6 +1,7 @@
 """Throughput and final validation loss of SFT runs with and without selection, beside the cost model.
 
     python scripts/sft_report.py --runs benchmarks/results/sst2-sft/none benchmarks/results/sst2-sft/sb ...
+    python scripts/sft_report.py --root benchmarks/results/finetune-sst2-sft
 
 Reads each run folder that scripts/train_sft.py wrote (sb_stats.json, eval_results.json, train_results.json)
 and prints a markdown table: tokens and sequences per second (those of the epochs read, packed or padded,
@@ -9,19 +10,27 @@ without selection of the same layout (`hf_selective_backprop.benchmarks.cost_mod
 costs (1+r)F per example, SB phi*F + s(1+r)F, Stale-SB (phi/n)F + s(1+r)F) with the measured kept
 fraction s and selection-forward cost phi, and r = 2 (a backward costs two forwards). A run named
 `uniform-for-<run>` is that run's random-subset control: a second table sets each such pair side by side.
+With --root, the same over every seed*/ folder of it (benchmarks/run_finetune_sft.sh): mean ± sd of each run's
+loss, token accuracy and speedup against its seed's Traditional run (`none`), each strategy against its
+control seed by seed, and the fine-tuning target.
 """
 
 import argparse
 import os
 
-from hf_selective_backprop.benchmarks.sft_report import load_run, render
+from hf_selective_backprop.benchmarks.sft_report import load_run, load_seeds, render, render_seeds
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", nargs="+", required=True, help="Run folders; the first is the baseline.")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--runs", nargs="+", help="Run folders; the first is the baseline.")
+    source.add_argument("--root", help="A folder of seed*/ folders of runs, each seed's Traditional run in none/.")
     args = parser.parse_args()
-    print(render([(os.path.basename(os.path.normpath(folder)), load_run(folder)) for folder in args.runs]))
+    if args.root:
+        print(render_seeds(load_seeds(args.root)))
+    else:
+        print(render([(os.path.basename(os.path.normpath(folder)), load_run(folder)) for folder in args.runs]))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_selective_backprop.benchmarks.sft_report import load_run, render
+from hf_selective_backprop.benchmarks.sft_report import load_run, load_seeds, render, render_seeds
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -16,7 +16,8 @@ def write_run(folder: Path, loss, accuracy, seconds, backwards, selection_forwar
     """What scripts/train_sft.py leaves in a run folder: 1,000 sequences of 10,000 tokens an epoch, 2 epochs."""
     folder.mkdir(parents=True)
     stats = {"train_seconds": seconds, "training_seconds": seconds * 0.8, "backwards": backwards,
-             "examples_seen": 2000, "kept_fraction": kept, "selection_forwards": selection_forwards,
+             "examples_seen": 2000, "backward_fraction": backwards / 2000, "kept_fraction": kept,
+             "selection_forwards": selection_forwards,
              "selection_forward_seconds": seconds * 0.1 if selection_forwards else 0.0}
     (folder / "sb_stats.json").write_text(json.dumps(stats))
     (folder / "eval_results.json").write_text(json.dumps({"eval_loss": loss, "eval_mean_token_accuracy": accuracy}))
@@ -65,3 +66,33 @@ def test_the_script_prints_the_report(runs):
     result = subprocess.run([sys.executable, "scripts/sft_report.py", "--runs", *map(str, runs)], cwd=REPO,
                             capture_output=True, text=True, check=True)
     assert "| sb | 2.00x | 2.50x | -0.0500 | +3.00 | yes |" in result.stdout
+
+
+def write_seed(folder: Path, traditional_loss, sb_loss, control_loss, sb_seconds=50.0):
+    write_run(folder / "none", traditional_loss, 0.80, seconds=100.0, backwards=2000)
+    write_run(folder / "sb", sb_loss, 0.78, seconds=sb_seconds, backwards=700, selection_forwards=2000, kept=0.35)
+    write_run(folder / "uniform-for-sb", control_loss, 0.75, seconds=40.0, backwards=700, kept=0.35)
+
+
+def test_over_seeds_each_run_is_a_mean_and_sd_and_each_strategy_meets_the_target_or_says_why_not(tmp_path):
+    write_seed(tmp_path / "seed0", 0.40, 0.42, 0.45)
+    write_seed(tmp_path / "seed1", 0.44, 0.43, 0.46, sb_seconds=100 / 1.5)
+    (tmp_path / "seed2" / "sb").mkdir(parents=True)  # a seed whose Traditional run has not finished: left out
+    report = render_seeds(load_seeds(str(tmp_path)))
+    assert "2 seed(s) (seed0, seed1)" in report
+    assert "| none | 0.4200 ± 0.0283 | 80.00 ± 0.00 | 1.00x | 1.00 |" in report
+    assert "| sb | 0.4250 ± 0.0071 | 78.00 ± 0.00 | 1.75x | 0.35 |" in report
+    # Traditional's mean + sd is 0.4483: SB's 0.4250 is inside it, at 1.75x, below its control in both seeds.
+    assert "| sb | -0.0300, -0.0300 | +3.00, +3.00 | yes (0.4250) | yes (1.75x) | yes | yes |" in report
+
+
+def test_a_strategy_above_its_control_in_one_seed_misses_the_target(tmp_path):
+    write_seed(tmp_path / "seed0", 0.40, 0.42, 0.45)
+    write_seed(tmp_path / "seed1", 0.40, 0.47, 0.46)
+    report = render_seeds(load_seeds(str(tmp_path)))
+    assert "| sb | -0.0300, +0.0100 |" in report and report.rstrip().endswith("| no | no |")
+
+
+def test_a_root_without_a_finished_seed_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no seed"):
+        render_seeds(load_seeds(str(tmp_path)))

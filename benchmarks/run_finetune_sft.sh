@@ -11,18 +11,18 @@
 #   pretrain  the stand-in (skipped when $PRETRAINED holds a model; resumes from its last checkpoint).
 #   lr        Traditional, seed 0, at each of $LRS; the main part uses the rate with the lowest validation loss
 #             (LR=auto, the default), chosen for Traditional before any strategy runs.
-#   main      seed $SEED: the strategies and their controls, then $R/report.md.
-# The first $TRAIN_SAMPLES training phrases (default 8,000: a 2-core CPU reads about 90 phrases a second with
-# backward passes, so all 67,349 for 3 epochs would take 37 minutes a run), $EPOCHS epochs (default 3: Stale-SB
+#   main      each of $SEEDS (default 0 1 2): the strategies and their controls, then seed<N>/report.md.
+#   report    $ROOT/report.md over every seed run so far (scripts/sft_report.py --root): mean ± sd, each strategy
+#             against its control seed by seed, and the fine-tuning target.
+# The first $TRAIN_SAMPLES training phrases (default 8,000: Traditional trains about 65 of them a second on a
+# 2-core CPU, so all 67,349 for 3 epochs would take 52 minutes a run), $EPOCHS epochs (default 3: Stale-SB
 # and InfoBatch save from the second). Restartable: a run whose eval_results.json exists is skipped. Run it on an
 # idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 DATA=${DATA:-../shared/data}
-SEED=${SEED:-0}
 ROOT=${RESULTS:-benchmarks/results/finetune-sst2-sft}
-R=$ROOT/seed$SEED
 LRS=${LRS:-0.0001 0.0003 0.001}
 TRAIN_SAMPLES=${TRAIN_SAMPLES:-8000}
 CACHE=${FINETUNE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hf-selective-backprop/finetune}
@@ -65,10 +65,9 @@ backward_fraction() {  # RUN FOLDER: backward passes per example read
     $PY -c "import json, sys; s = json.load(open(sys.argv[1] + '/sb_stats.json')); print(s['backwards'] / s['examples_seen'])" "$1"
 }
 
-main() {
-    local RATE=${LR:-auto}
-    [[ $RATE == auto ]] && RATE=$(lowest_loss_lr)
-    echo "main: learning rate $RATE"
+main_seed() {  # SEED RATE
+    local SEED=$1 RATE=$2
+    local R=$ROOT/seed$SEED
     # Seed 0's Traditional run at that rate is the lr part's (the same flags).
     if [[ $SEED == 0 && -f $ROOT/lr$RATE/eval_results.json && ! -f $R/none/eval_results.json ]]; then
         mkdir -p "$R"
@@ -85,7 +84,16 @@ main() {
         "$R"/uniform-for-stale-sb "$R"/uniform-for-infobatch | tee "$R/report.md"
 }
 
-for PART in ${PARTS:-pretrain lr main}; do
+main() {
+    local RATE=${LR:-auto}
+    [[ $RATE == auto ]] && RATE=$(lowest_loss_lr)
+    echo "main: learning rate $RATE"
+    for SEED in ${SEEDS:-0 1 2}; do
+        main_seed "$SEED" "$RATE"
+    done
+}
+
+for PART in ${PARTS:-pretrain lr main report}; do
     case $PART in
     pretrain) pretrain ;;
     lr)
@@ -94,8 +102,9 @@ for PART in ${PARTS:-pretrain lr main}; do
         done
         ;;
     main) main ;;
+    report) $PY scripts/sft_report.py --root "$ROOT" | tee "$ROOT/report.md" ;;
     *)
-        echo "unknown part $PART: pretrain, lr or main" >&2
+        echo "unknown part $PART: pretrain, lr, main or report" >&2
         exit 2
         ;;
     esac

@@ -16,7 +16,7 @@ def write_run(folder: Path, loss, accuracy, seconds, backwards, selection_forwar
     """What scripts/train_sft.py leaves in a run folder: 1,000 sequences of 10,000 tokens an epoch, 2 epochs."""
     folder.mkdir(parents=True)
     stats = {"train_seconds": seconds, "training_seconds": seconds * 0.8, "backwards": backwards,
-             "examples_seen": 2000, "backward_fraction": backwards / 2000, "kept_fraction": kept,
+             "examples_seen": 2000, "kept_fraction": kept,
              "selection_forwards": selection_forwards,
              "selection_forward_seconds": seconds * 0.1 if selection_forwards else 0.0}
     (folder / "sb_stats.json").write_text(json.dumps(stats))

@@ -148,7 +148,7 @@ def render_seeds(seeds: dict[str, dict[str, dict]]) -> str:
             f"| {name} | {_spread(per_seed(name, lambda run, base: run['eval_loss']))} | "
             f"{_spread(accuracy, digits=2)} | "
             f"{statistics.fmean(per_seed(name, speedup)):.2f}x | "
-            f"{statistics.fmean(per_seed(name, lambda run, base: run['backward_fraction'])):.2f} |"
+            f"{statistics.fmean(per_seed(name, lambda run, base: run['backwards'] / run['examples_seen'])):.2f} |"
         )
     base_losses = per_seed(BASELINE_RUN, lambda run, base: run["eval_loss"])
     bar = statistics.fmean(base_losses) + (statistics.stdev(base_losses) if len(base_losses) > 1 else 0.0)

@@ -20,6 +20,7 @@
 # idle machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source benchmarks/lr_choice.sh
 PY=${PY:-.venv/bin/python}
 DATA=${DATA:-../shared/data}
 ROOT=${RESULTS:-benchmarks/results/finetune-sst2-sft}
@@ -50,17 +51,6 @@ run() {  # FOLDER LEARNING_RATE SEED FLAGS...
         "${EXTRA[@]}" "$@"
 }
 
-lowest_loss_lr() {  # the rate whose Traditional run in $ROOT/lr<rate> ended with the lowest validation loss
-    $PY - "$ROOT" <<'PYTHON'
-import glob, json, os, sys
-runs = {os.path.basename(os.path.dirname(path))[2:]: json.load(open(path))["eval_loss"]
-        for path in glob.glob(os.path.join(sys.argv[1], "lr*", "eval_results.json"))}
-if not runs:
-    sys.exit(f"LR=auto: no {sys.argv[1]}/lr*/eval_results.json yet: run the lr part first")
-print(min(runs, key=runs.get))
-PYTHON
-}
-
 backward_fraction() {  # RUN FOLDER: backward passes per example read
     $PY -c "import json, sys; s = json.load(open(sys.argv[1] + '/sb_stats.json')); print(s['backwards'] / s['examples_seen'])" "$1"
 }
@@ -86,7 +76,7 @@ main_seed() {  # SEED RATE
 
 main() {
     local RATE=${LR:-auto}
-    [[ $RATE == auto ]] && RATE=$(lowest_loss_lr)
+    [[ $RATE == auto ]] && RATE=$(lowest_loss_lr "$ROOT")
     echo "main: learning rate $RATE"
     for SEED in ${SEEDS:-0 1 2}; do
         main_seed "$SEED" "$RATE"

@@ -84,6 +84,16 @@ def test_over_seeds_each_run_is_a_mean_and_sd_and_each_strategy_meets_the_target
     assert "| sb | 0.4250 ± 0.0071 | 78.00 ± 0.00 | 1.75x | 0.35 |" in report
     # Traditional's mean + sd is 0.4483: SB's 0.4250 is inside it, at 1.75x, below its control in both seeds.
     assert "| sb | -0.0300, -0.0300 | +3.00, +3.00 | yes (0.4250) | yes (1.75x) | yes | yes |" in report
+    assert "Traditional's training time: 100 ± 0 s." in report
+
+
+def test_a_run_without_token_accuracy_shows_none_rather_than_zero(tmp_path):
+    write_seed(tmp_path / "seed0", 0.40, 0.42, 0.45)
+    stats = tmp_path / "seed0" / "sb" / "eval_results.json"
+    stats.write_text(json.dumps({"eval_loss": 0.42}))
+    report = render_seeds(load_seeds(str(tmp_path)))
+    assert "| sb | 0.4200 ± 0.0000 | - | 2.00x | 0.35 |" in report
+    assert "| sb | -0.0300 | - | no (0.4200) |" in report  # one seed: the bar is Traditional's 0.40
 
 
 def test_a_strategy_above_its_control_in_one_seed_misses_the_target(tmp_path):

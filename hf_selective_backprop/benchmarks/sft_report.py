@@ -109,9 +109,16 @@ def load_seeds(root: str) -> dict[str, dict[str, dict]]:
     return seeds
 
 
-def _spread(values: list[float], digits: int = 4) -> str:
+def _spread(values: list[float | None], digits: int = 4) -> str:
+    """Mean ± sd, or "-" where a run lacks the figure (older runs have no token accuracy)."""
+    if None in values:
+        return "-"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{statistics.fmean(values):.{digits}f} ± {sd:.{digits}f}"
+
+
+def _points(value: float | None) -> float | None:
+    return None if value is None else 100 * value
 
 
 def _run_order(names: set[str]) -> list[str]:
@@ -143,13 +150,15 @@ def render_seeds(seeds: dict[str, dict[str, dict]]) -> str:
         "|---|---|---|---|---|",
     ]
     for name in names:
-        accuracy = per_seed(name, lambda run, base: 100 * (run["eval_token_accuracy"] or 0.0))
+        accuracy = per_seed(name, lambda run, base: _points(run["eval_token_accuracy"]))
         lines.append(
             f"| {name} | {_spread(per_seed(name, lambda run, base: run['eval_loss']))} | "
             f"{_spread(accuracy, digits=2)} | "
             f"{statistics.fmean(per_seed(name, speedup)):.2f}x | "
             f"{statistics.fmean(per_seed(name, lambda run, base: run['backwards'] / run['examples_seen'])):.2f} |"
         )
+    seconds = per_seed(BASELINE_RUN, lambda run, base: run["train_seconds"])
+    lines += ["", f"Traditional's training time: {_spread(seconds, digits=0)} s."]
     base_losses = per_seed(BASELINE_RUN, lambda run, base: run["eval_loss"])
     bar = statistics.fmean(base_losses) + (statistics.stdev(base_losses) if len(base_losses) > 1 else 0.0)
     paired = [name for name in names if CONTROL_PREFIX + name in shared]
@@ -166,16 +175,16 @@ def render_seeds(seeds: dict[str, dict[str, dict]]) -> str:
     for name in paired:
         control = CONTROL_PREFIX + name
         gaps = [runs[name]["eval_loss"] - runs[control]["eval_loss"] for runs in seeds.values()]
-        accuracy_gaps = [
-            100 * ((runs[name]["eval_token_accuracy"] or 0.0) - (runs[control]["eval_token_accuracy"] or 0.0))
-            for runs in seeds.values()
-        ]
+        accuracies = [(runs[name]["eval_token_accuracy"], runs[control]["eval_token_accuracy"])
+                      for runs in seeds.values()]
+        accuracy_gaps = ("-" if any(None in pair for pair in accuracies)
+                         else ", ".join(f"{100 * (mine - theirs):+.2f}" for mine, theirs in accuracies))
         loss = statistics.fmean(per_seed(name, lambda run, base: run["eval_loss"]))
         fast = statistics.fmean(per_seed(name, speedup))
         checks = [loss <= bar, fast >= TARGET_SPEEDUP, all(gap < 0 for gap in gaps)]
         lines.append(
             f"| {name} | {', '.join(f'{gap:+.4f}' for gap in gaps)} | "
-            f"{', '.join(f'{gap:+.2f}' for gap in accuracy_gaps)} | "
+            f"{accuracy_gaps} | "
             f"{'yes' if checks[0] else 'no'} ({loss:.4f}) | {'yes' if checks[1] else 'no'} ({fast:.2f}x) | "
             f"{'yes' if checks[2] else 'no'} | {'yes' if all(checks) else 'no'} |"
         )

@@ -25,6 +25,31 @@ def test_a_keep_suffix_that_cannot_apply_is_refused(name, message):
         build_strategy(name, 1 / 3, 3, 1)
 
 
+def test_knobs_chain_and_each_sets_its_own_flag():
+    stale = build_strategy("stale-sb-n2-keep0.5", 1 / 3, 3, 1)
+    assert stale.overrides == {"sb_strategy": "sb", "sb_keep": 0.5, "sb_staleness": 2}
+    assert stale.label == "Stale-SB (n=2), keep 0.5" and stale.cycle == 2
+    info = build_strategy("infobatch-r0.3-delta0.75", 1 / 3, 3, 1)
+    assert info.overrides == {"sb_strategy": "infobatch", "sb_prune_ratio": 0.3, "sb_anneal_delta": 0.75}
+    assert info.label == "InfoBatch, r 0.3, delta 0.75"
+    weighted = build_strategy("sb-weighted-keep0.5", 1 / 3, 3, 1)
+    assert weighted.overrides == {"sb_strategy": "sb", "sb_keep": 0.5, "sb_importance_weighting": True}
+    annealed = build_strategy("sb-anneal-end0.75", 1 / 3, 3, 1)
+    assert annealed.overrides["sb_end"] == 0.75 and annealed.overrides["sb_keep"] == pytest.approx(1 / 3)
+    # A one-letter knob followed by letters is part of a strategy's name, not a knob.
+    assert build_strategy("stale-rholoss", 0.5, 3, 1, reference_model="ref").overrides["sb_staleness"] == 3
+
+
+@pytest.mark.parametrize("name, message", [
+    ("sb-n2", "sb has no staleness"), ("sb-r0.5", "sb has no prune ratio"),
+    ("stale-sb-delta0.5", "stale-sb has no annealing delta"), ("infobatch-deltahalf", "must be a number"),
+    ("stale-sb-n2.5", "must be a whole number"),
+])
+def test_a_knob_a_strategy_lacks_or_a_knob_without_a_number_is_refused(name, message):
+    with pytest.raises(ValueError, match=message):
+        build_strategy(name, 1 / 3, 3, 1)
+
+
 def test_a_control_takes_the_backward_fraction_its_strategy_realised_in_the_same_folder(tmp_path):
     control = build_strategy("uniform-for-sb-keep0.5", 1 / 3, 3, 1)
     assert matched_control(control, str(tmp_path)) is control  # no log yet: --keep, as before

@@ -31,10 +31,12 @@ class BenchmarkArguments(RunSettings):
             "help": "Comma-separated: traditional, sb, stale-sb, sb-warmup, kath18, composer, composer-card, "
             "uniform, uniform-for-<strategy> (the random-subset control of that strategy: uniform at the backward "
             "fraction it realised in this --output_dir, read from <strategy>.json when the control starts, so list "
-            "it after the strategy; at --keep when there is no such log or with --interleave), topk, "
-            "<strategy>-keep<fraction> (that strategy at another kept fraction than --keep, e.g. sb-keep0.5), "
-            "infobatch, infobatch-r<ratio>, rholoss, rholoss-cdf, stale-rholoss, sb-anneal, sb-anneal-floor, "
-            "sb-anneal-weighted, stale-sb-anneal."
+            "it after the strategy; at --keep when there is no such log or with --interleave), topk, sb-weighted, "
+            "infobatch, rholoss, rholoss-cdf, stale-rholoss, sb-anneal, sb-anneal-floor, sb-anneal-weighted, "
+            "stale-sb-anneal; any of them followed by knobs that set one flag each: -keep<fraction> (sb_keep, e.g. "
+            "sb-keep0.5), -n<staleness> (sb_staleness: stale-sb-n2-keep0.5), -r<ratio> and -delta<share> "
+            "(InfoBatch's prune ratio and annealing: infobatch-r0.3-delta0.75), -end<share> (sb_end of an annealed "
+            "strategy)."
         },
     )
     protocol: str = field(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 DEFAULT_STRATEGIES = ("traditional", "sb", "stale-sb", "kath18", "composer", "uniform")
 
@@ -23,6 +26,50 @@ RHO_RULES = {
 }
 
 
+class Knob(NamedTuple):
+    flag: str  # the SelectiveBackpropConfig field it sets
+    label: str  # how a report's label names it
+    description: str  # how an error names it
+    applies: Callable[[dict], bool]  # whether a strategy with these overrides has it
+
+
+#: Knobs a name can end with, each setting one flag of the strategy before it: suffix -> (flag, what it is called
+#: in labels and errors, which strategies have it). Several can follow each other: stale-sb-n2-keep0.5,
+#: infobatch-r0.3-delta0.75. A sweep over a strategy's saving knob is a list of such names.
+KNOBS = {
+    "keep": Knob("sb_keep", "keep", "kept fraction", lambda overrides: "sb_keep" in overrides),
+    "n": Knob("sb_staleness", "n", "staleness", lambda overrides: "sb_staleness" in overrides),
+    "r": Knob("sb_prune_ratio", "r", "prune ratio", lambda overrides: overrides.get("sb_strategy") == "infobatch"),
+    "delta": Knob(
+        "sb_anneal_delta", "delta", "annealing delta", lambda overrides: overrides.get("sb_strategy") == "infobatch"
+    ),
+    "end": Knob("sb_end", "end", "end of selection", lambda overrides: "sb_end" in overrides),
+}
+# Longest prefix first: "delta" before a one-letter knob could claim it.
+_KNOB_PATTERN = re.compile(r"^(.+)-(" + "|".join(sorted(KNOBS, key=len, reverse=True)) + r")([^-]*)$")
+
+
+def _trailing_knob(name: str) -> tuple[str, Knob, float | int] | None:
+    """``(base, knob, value)`` when ``name`` ends with a knob (-keep0.5, -n2, ...); None when it does not.
+
+    A one-letter knob followed by a letter is part of a strategy's name (stale-rholoss ends in "r" + "holoss")."""
+    match = _KNOB_PATTERN.match(name)
+    if match is None:
+        return None
+    base, prefix, text = match.groups()
+    knob = KNOBS[prefix]
+    try:
+        value = int(text) if knob.flag == "sb_staleness" else float(text)
+    except ValueError as error:
+        if len(prefix) == 1 and not text[:1].isdigit():
+            return None
+        kind = "a whole number" if knob.flag == "sb_staleness" else "a number"
+        raise ValueError(
+            f"strategy {name!r}: the {knob.description} after -{prefix} must be {kind}, got {text!r}"
+        ) from error
+    return base, knob, value
+
+
 @dataclass(frozen=True)
 class Strategy:
     name: str
@@ -38,25 +85,30 @@ class Strategy:
 def build_strategy(
     name: str, keep: float, staleness: int, warmup_epochs: int, reference_model: str | None = None
 ) -> Strategy:
-    """`name` is one of traditional, sb, stale-sb, kath18, composer, uniform, topk, sb-warmup, sb-train-mode, rholoss,
-    rholoss-cdf, stale-rholoss; the last three score with ``reference_model`` (a folder scripts/train.py wrote)."""
+    """`name` is one of traditional, sb, sb-weighted, stale-sb, kath18, composer, uniform, topk, infobatch, sb-warmup,
+    sb-train-mode, rholoss, rholoss-cdf, stale-rholoss (these three score with ``reference_model``, a folder
+    scripts/train.py wrote), optionally followed by knobs (`KNOBS`: stale-sb-n2-keep0.5)."""
     if name == "traditional":
         return Strategy(name, "Traditional", {"sb_strategy": "none"})
-    base, keyword, value = name.rpartition("-keep")
-    if keyword and base and not name.startswith("uniform-for-"):
-        # <strategy>-keep<k>: that strategy at another kept fraction than --keep (e.g. sb-keep0.5 beside sb).
-        try:
-            fraction = float(value)
-        except ValueError as error:
-            raise ValueError(
-                f"strategy {name!r}: the kept fraction after -keep must be a number, got {value!r}"
-            ) from error
-        strategy = build_strategy(base, fraction, staleness, warmup_epochs, reference_model)
-        if "sb_keep" not in strategy.overrides:
-            raise ValueError(f"strategy {name!r}: {base} has no kept fraction to set")
-        return Strategy(name, f"{strategy.label}, keep {fraction:g}", strategy.overrides)
+    trailing = None if name.startswith("uniform-for-") else _trailing_knob(name)
+    if trailing is not None:
+        base, knob, value = trailing
+        if knob.flag == "sb_keep":
+            keep = value
+        elif knob.flag == "sb_staleness":
+            staleness = value
+        strategy = build_strategy(base, keep, staleness, warmup_epochs, reference_model)
+        if not knob.applies(strategy.overrides):
+            raise ValueError(f"strategy {name!r}: {base} has no {knob.description} to set")
+        label = strategy.label
+        if knob.flag != "sb_staleness":  # a stale strategy's label names its n already
+            label = f"{label}, {knob.label} {value:g}"
+        return Strategy(name, label, {**strategy.overrides, knob.flag: value})
     if name == "sb":
         return Strategy(name, "SB", {"sb_strategy": "sb", "sb_keep": keep})
+    if name == "sb-weighted":
+        # SB's unbiased variant: each kept example's loss weighted by 1 / its selection probability.
+        return Strategy(name, "SB, reweighted", {"sb_strategy": "sb", "sb_keep": keep, "sb_importance_weighting": True})
     if name == "stale-sb":
         return Strategy(
             name, f"Stale-SB (n={staleness})", {"sb_strategy": "sb", "sb_keep": keep, "sb_staleness": staleness}
@@ -74,9 +126,6 @@ def build_strategy(
         return Strategy(name, "SB, selection forward in train mode", overrides)
     if name == "infobatch":
         return Strategy(name, "InfoBatch", {"sb_strategy": "infobatch"})
-    if name.startswith("infobatch-r"):  # e.g. infobatch-r0.7: another prune ratio
-        ratio = float(name.removeprefix("infobatch-r"))
-        return Strategy(name, f"InfoBatch r={ratio:g}", {"sb_strategy": "infobatch", "sb_prune_ratio": ratio})
     if name in ANNEALED:
         # The last 12.5 % of training on all data, as InfoBatch anneals.
         overrides = {"sb_strategy": "sb", "sb_keep": keep, "sb_end": 0.875, **ANNEALED[name][1]}
@@ -109,7 +158,7 @@ def build_strategy(
         return Strategy(name, labels[name], {"sb_strategy": name, "sb_keep": keep})
     raise ValueError(
         f"unknown strategy {name!r}: choose from traditional, sb, stale-sb, sb-warmup, sb-train-mode, kath18, "
-        f"composer, composer-card, uniform, uniform-for-<strategy>, topk, infobatch, infobatch-r<ratio>, "
-        f"<strategy>-keep<fraction>, "
+        f"composer, composer-card, uniform, uniform-for-<strategy>, topk, infobatch, sb-weighted, "
+        f"followed by knobs -keep<fraction>, -n<staleness>, -r<prune ratio>, -delta<anneal delta>, -end<share>, "
         f"{', '.join(RHO_RULES)}, {', '.join(ANNEALED)}"
     )

@@ -1,0 +1,109 @@
+#!/bin/bash
+# The lossless frontier (docs/record/benchmarks.md, "Lossless frontier"): the most each strategy saves while its
+# accuracy stays within Traditional's spread, on the image fine-tuning workload of benchmarks/run_finetune.sh
+# (CIFAR-10 classes 5-9 from $MODEL pretrained on classes 0-4: the same stand-in checkpoint, the same flags). Each
+# strategy's saving knob is swept with the benchmark's knob names (infobatch-r0.3, stale-sb-n2-keep0.5: see
+# `scripts/benchmark.py --help`), every setting beside the uniform control at the backward fraction it realised, so
+# that the random subset's curve is measured at every point the others reach.
+#
+# PARTS (in this order by default):
+#   pretrain  the stand-in checkpoint (run_finetune.sh's part of that name)
+#   sweep     seed 0, $EPOCHS epochs: Traditional and the whole grid ($SWEEP), each setting then its control
+#   seeds     seeds $SEEDS, $EPOCHS epochs: Traditional and the settings where seed 0's frontier bends ($FRONTIER)
+#   lr-long   Traditional, seed 0, $LONG_EPOCHS epochs, at each of $LONG_LRS: the longer run's rate chosen again
+#   long      seeds $LONG_SEEDS, $LONG_EPOCHS epochs: Traditional and $LONG_FRONTIER, each with its control
+#   report    each schedule's frontier report (report.md, frontier.png)
+# Every run is a process of its own, skipped when its <strategy>.json exists: killing this and starting it again goes
+# on where it stopped (the run in progress starts over). Timing is the point: run it on an otherwise idle machine.
+# BENCH_LOCK=<file>: each run holds that file's lock (flock(1)) while it runs, so that a job started with
+# `flock <file> <command>` waits until the run in progress ends instead of slowing it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source benchmarks/lr_choice.sh
+PY=${PY:-.venv/bin/python}
+DATA=${DATA:-../shared/data}
+MODEL=${MODEL:-cifar_convnet_half}
+R=${RESULTS:-benchmarks/results/frontier-cifar10-$MODEL}
+CACHE=${FINETUNE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hf-selective-backprop/finetune}
+PRETRAIN_EPOCHS=${PRETRAIN_EPOCHS:-20}
+PRETRAINED=${PRETRAINED:-$CACHE/$MODEL-cifar10-classes0-4-$PRETRAIN_EPOCHS-epochs}
+EPOCHS=${EPOCHS:-6}
+LONG_EPOCHS=${LONG_EPOCHS:-12}
+LONG_LRS=${LONG_LRS:-0.03 0.1}
+THREADS=${THREADS:-2}
+read -r -a EXTRA <<<"${EXTRA:-}"
+LOCK=()
+[[ -n ${BENCH_LOCK:-} ]] && LOCK=(flock "$BENCH_LOCK")
+
+# Seed 0's grid, each family from its gentlest setting to its most aggressive one. InfoBatch: prune ratio r, and
+# annealing from 3/4 of the run instead of 7/8. SB's selection forward costs about a third of a step, so at keep
+# 2/3 or more it saves nothing (docs/selection-pass.md): the SB family is swept at keep 1/2 (plain, and reweighted
+# by 1/p) and through its stale form (n = 2 at keep 1/2 and 2/3, and annealed). Top-k at keep 2/3 and Composer's
+# recommended setting show what the selection forward costs where little is dropped.
+SWEEP=${SWEEP:-infobatch-r0.3 infobatch-r0.4 infobatch infobatch-r0.7 infobatch-delta0.75 infobatch-r0.7-delta0.75
+sb-keep0.5 sb-weighted-keep0.5 stale-sb-n2-keep0.5 stale-sb-n2-keep0.67 stale-sb-anneal-n2-keep0.5 topk-keep0.67
+composer-card}
+FRONTIER=${FRONTIER:-$SWEEP}
+LONG_FRONTIER=${LONG_FRONTIER:-infobatch infobatch-r0.7 stale-sb-n2-keep0.5}
+
+COMMON=(--dataset "$DATA/cifar10" --classes 5,6,7,8,9 --model_name_or_path "$PRETRAINED" --cutout 0
+    --threads "$THREADS" --batch_size 128 --keep 0.3333333333 --staleness 3 "${EXTRA[@]}")
+
+runs() {  # FOLDER SEED EPOCHS LR NAME...: each NAME whose log is missing, one process each
+    local FOLDER=$1 SEED=$2 RUN_EPOCHS=$3 RATE=$4
+    shift 4
+    for NAME in "$@"; do
+        [[ -f $FOLDER/$NAME.json ]] && continue
+        "${LOCK[@]}" $PY scripts/benchmark.py "${COMMON[@]}" --num_train_epochs "$RUN_EPOCHS" --learning_rate "$RATE" \
+            --seed "$SEED" --output_dir "$FOLDER" --strategies "$NAME"
+    done
+}
+
+with_controls() {  # NAME...: traditional, then each NAME followed by its uniform control
+    echo traditional
+    for NAME in "$@"; do echo "$NAME uniform-for-$NAME"; done
+}
+
+for PART in ${PARTS:-pretrain sweep seeds lr-long long report}; do
+    case $PART in
+    pretrain)
+        PARTS=pretrain MODEL=$MODEL PRETRAINED=$PRETRAINED PRETRAIN_EPOCHS=$PRETRAIN_EPOCHS bash benchmarks/run_finetune.sh
+        ;;
+    sweep)
+        # The rate run_finetune.sh's lr part chose for Traditional at these epochs.
+        runs "$R/epochs$EPOCHS/seed0" 0 "$EPOCHS" "${LR:-$(best_lr benchmarks/results/finetune-cifar10-$MODEL/lr)}" \
+            $(with_controls $SWEEP)
+        ;;
+    seeds)
+        for SEED in ${SEEDS:-1 2}; do
+            runs "$R/epochs$EPOCHS/seed$SEED" "$SEED" "$EPOCHS" \
+                "${LR:-$(best_lr benchmarks/results/finetune-cifar10-$MODEL/lr)}" $(with_controls $FRONTIER)
+        done
+        ;;
+    lr-long)
+        for RATE in $LONG_LRS; do
+            runs "$R/epochs$LONG_EPOCHS/lr/lr$RATE" 0 "$LONG_EPOCHS" "$RATE" traditional
+        done
+        ;;
+    long)
+        LONG_LR=${LONG_LR:-$(best_lr "$R/epochs$LONG_EPOCHS/lr")}
+        for SEED in ${LONG_SEEDS:-0 1 2}; do
+            mkdir -p "$R/epochs$LONG_EPOCHS/seed$SEED"
+            # Seed 0's Traditional run at the chosen rate is the lr-long part's (the same flags).
+            [[ $SEED == 0 ]] && cp -n "$R/epochs$LONG_EPOCHS/lr/lr$LONG_LR/traditional.json" "$R/epochs$LONG_EPOCHS/seed0/"
+            runs "$R/epochs$LONG_EPOCHS/seed$SEED" "$SEED" "$LONG_EPOCHS" "$LONG_LR" $(with_controls $LONG_FRONTIER)
+        done
+        ;;
+    report)
+        for RUN_EPOCHS in $EPOCHS $LONG_EPOCHS; do
+            [[ -d $R/epochs$RUN_EPOCHS ]] || continue
+            $PY scripts/frontier_report.py --root "$R/epochs$RUN_EPOCHS" \
+                --title "Lossless frontier: CIFAR-10 classes 5-9 from $MODEL pretrained on classes 0-4, $RUN_EPOCHS epochs"
+        done
+        ;;
+    *)
+        echo "unknown part $PART: pretrain, sweep, seeds, lr-long, long or report" >&2
+        exit 2
+        ;;
+    esac
+done

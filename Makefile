@@ -60,7 +60,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
 benchmark: $(STAMP)
-	$(PY) scripts/benchmark.py
+	$(PY) benchmarks/benchmark.py
 
 # On a machine with a CUDA device: pytest -m gpu, mixed precision, host syncs and CIFAR-10 throughput, reported in
 # benchmarks/results/gpu-check/ (docs/gpu.md). Elsewhere it says there is no CUDA device and exits 0.

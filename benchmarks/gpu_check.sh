@@ -1,9 +1,9 @@
 #!/bin/bash
-# `make gpu-check`: the CUDA check of scripts/gpu_check.py (docs/gpu.md), in an environment with a CUDA-enabled
+# `make gpu-check`: the CUDA check of benchmarks/gpu_check.py (docs/gpu.md), in an environment with a CUDA-enabled
 # torch: $PY, else .venv's, else python3's; if none has one, `make venv` installs the Makefile's pinned torch
-# (PyPI's Linux wheels are CUDA builds). Arguments go to scripts/gpu_check.py (--output_dir, --sections, ...),
-# which runs each section in its own process: pytest -m gpu, scripts/gpu_diagnostics.py (precision, syncs) and
-# scripts/gpu_throughput.py (throughput), and renders the report (hf_selective_backprop/benchmarks/gpu_report.py).
+# (PyPI's Linux wheels are CUDA builds). Arguments go to benchmarks/gpu_check.py (--output_dir, --sections, ...),
+# which runs each section in its own process: pytest -m gpu, benchmarks/gpu_diagnostics.py (precision, syncs) and
+# benchmarks/gpu_throughput.py (throughput), and renders the report (benchmarks/harness/gpu_report.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
@@ -26,4 +26,4 @@ fi
 # The checkout's package first on the path, so that a Python with CUDA torch but without this package installed
 # (python3 on a bare GPU machine) runs it too; the sections inherit the path.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-exec "$PYTHON_FOUND" scripts/gpu_check.py "$@"
+exec "$PYTHON_FOUND" benchmarks/gpu_check.py "$@"

@@ -54,7 +54,7 @@ esac
 STRATEGIES=traditional,uniform-keep0.5,sb,sb-keep0.5,stale-sb,infobatch,composer-card,topk-keep0.5
 
 run_budget() {  # BUDGET SEED
-    $PY scripts/benchmark.py --dataset "$DATA/cifar10" "${WORKLOAD_FLAGS[@]}" --cutout 0 --threads "${THREADS:-2}" \
+    $PY benchmarks/benchmark.py --dataset "$DATA/cifar10" "${WORKLOAD_FLAGS[@]}" --cutout 0 --threads "${THREADS:-2}" \
         --batch_size 128 --evals_per_epoch 0 --sb_budget "$1" --sb_cost_phi 0.3333333333 --seed "$2" --keep 0.3333333333 --staleness 3 \
         --output_dir "$R/budget$1/seed$2" --strategies "$STRATEGIES" "${EXTRA[@]}"
 }
@@ -67,4 +67,4 @@ for BUDGET in $SEEDED_BUDGETS; do
         run_budget "$BUDGET" "$SEED"
     done
 done
-$PY scripts/budget_report.py --root "$R" --title "$TITLE"
+$PY benchmarks/budget_report.py --root "$R" --title "$TITLE"

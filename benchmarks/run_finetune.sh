@@ -15,7 +15,7 @@
 #             accurate (LR=auto, the default), chosen for Traditional before any strategy runs.
 #   main      seeds $SEEDS: Traditional, SB keep 1/3 (paper) and 1/2, Stale-SB (n = 3), InfoBatch (r = 0.5,
 #             delta = 0.875), Composer's recommended setting and top-k keep 1/2, then each one's uniform control.
-#   report    $R/report.md and its figures (scripts/paper_regime_report.py).
+#   report    $R/report.md and its figures (benchmarks/paper_regime_report.py).
 # Restartable: a run whose <strategy>.json exists is skipped, so killing this and starting it again goes on where
 # it stopped (the run in progress starts over). Timing is the point: run it on an otherwise idle machine.
 set -euo pipefail
@@ -61,7 +61,7 @@ for PART in ${PARTS:-pretrain lr main report}; do
         ;;
     lr)
         for LR_TRIED in $LRS; do
-            $PY scripts/benchmark.py "${COMMON[@]}" --learning_rate "$LR_TRIED" --seed 0 \
+            $PY benchmarks/benchmark.py "${COMMON[@]}" --learning_rate "$LR_TRIED" --seed 0 \
                 --output_dir "$R/lr/lr$LR_TRIED" --strategies traditional
         done
         ;;
@@ -75,12 +75,12 @@ for PART in ${PARTS:-pretrain lr main report}; do
             cp "$R/lr/lr$LR_USED/traditional.json" "$R/seed0/traditional.json"
         fi
         for SEED in ${SEEDS:-0 1 2}; do
-            $PY scripts/benchmark.py "${COMMON[@]}" --learning_rate "$LR_USED" --seed "$SEED" --keep 0.3333333333 \
+            $PY benchmarks/benchmark.py "${COMMON[@]}" --learning_rate "$LR_USED" --seed "$SEED" --keep 0.3333333333 \
                 --staleness 3 --output_dir "$R/seed$SEED" --strategies "$(echo $STRATEGIES | tr ' ' ',')"
         done
         ;;
     report)
-        $PY scripts/paper_regime_report.py --root "$R" \
+        $PY benchmarks/paper_regime_report.py --root "$R" \
             --title "Fine-tuning: CIFAR-10 classes 5-9 from $MODEL pretrained on classes 0-4, $EPOCHS epochs"
         ;;
     *)

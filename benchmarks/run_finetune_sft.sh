@@ -5,14 +5,14 @@
 # prompt-completion pairs (the sentence -> " positive" / " negative", the loss on the answer alone:
 # scripts/train_sft.py --completion_from_label) by Traditional, SB (keep 1/3), Stale-SB (n = 3) and InfoBatch, each
 # beside a uniform control at the backward fraction it realised. Validation loss and mean token accuracy of the
-# answer are in each run's eval_results.json; scripts/sft_report.py tabulates loss and throughput.
+# answer are in each run's eval_results.json; benchmarks/sft_report.py tabulates loss and throughput.
 #
 # PARTS (in this order by default):
 #   pretrain  the stand-in (skipped when $PRETRAINED holds a model; resumes from its last checkpoint).
 #   lr        Traditional, seed 0, at each of $LRS; the main part uses the rate with the lowest validation loss
 #             (LR=auto, the default), chosen for Traditional before any strategy runs.
 #   main      each of $SEEDS (default 0 1 2): the strategies and their controls, then seed<N>/report.md.
-#   report    $ROOT/report.md over every seed run so far (scripts/sft_report.py --root): mean ± sd, each strategy
+#   report    $ROOT/report.md over every seed run so far (benchmarks/sft_report.py --root): mean ± sd, each strategy
 #             against its control seed by seed, and the fine-tuning target.
 # The first $TRAIN_SAMPLES training phrases (default 8,000: Traditional trains about 65 of them a second on a
 # 2-core CPU, so all 67,349 for 3 epochs would take 52 minutes a run), $EPOCHS epochs (default 3: Stale-SB
@@ -70,7 +70,7 @@ main_seed() {  # SEED RATE
     for S in sb stale-sb infobatch; do
         run "$R/uniform-for-$S" "$RATE" "$SEED" --sb_strategy uniform --sb_keep "$(backward_fraction "$R/$S")"
     done
-    $PY scripts/sft_report.py --runs "$R"/none "$R"/sb "$R"/stale-sb "$R"/infobatch "$R"/uniform-for-sb \
+    $PY benchmarks/sft_report.py --runs "$R"/none "$R"/sb "$R"/stale-sb "$R"/infobatch "$R"/uniform-for-sb \
         "$R"/uniform-for-stale-sb "$R"/uniform-for-infobatch | tee "$R/report.md"
 }
 
@@ -92,7 +92,7 @@ for PART in ${PARTS:-pretrain lr main report}; do
         done
         ;;
     main) main ;;
-    report) $PY scripts/sft_report.py --root "$ROOT" | tee "$ROOT/report.md" ;;
+    report) $PY benchmarks/sft_report.py --root "$ROOT" | tee "$ROOT/report.md" ;;
     *)
         echo "unknown part $PART: pretrain, lr, main or report" >&2
         exit 2

@@ -46,7 +46,7 @@ for PART in ${PARTS:-pretrain lr main report redundancy variants}; do
         ;;
     lr)
         for LR_TRIED in $LRS; do
-            $PY scripts/benchmark_text.py "${COMMON[@]}" --learning_rate "$LR_TRIED" --seed 0 \
+            $PY benchmarks/benchmark_text.py "${COMMON[@]}" --learning_rate "$LR_TRIED" --seed 0 \
                 --output_dir "$R/lr/lr$LR_TRIED" --strategies traditional
         done
         ;;
@@ -58,31 +58,31 @@ for PART in ${PARTS:-pretrain lr main report redundancy variants}; do
             cp "$R/lr/lr$LR_USED/traditional.json" "$R/seed0/traditional.json"
         fi
         for SEED in ${SEEDS:-0 1 2}; do
-            $PY scripts/benchmark_text.py "${COMMON[@]}" --learning_rate "$LR_USED" --seed "$SEED" \
+            $PY benchmarks/benchmark_text.py "${COMMON[@]}" --learning_rate "$LR_USED" --seed "$SEED" \
                 --keep 0.3333333333 --staleness 3 --output_dir "$R/seed$SEED" --strategies "$(echo $STRATEGIES | tr ' ' ',')"
         done
         ;;
     redundancy)
         for SEED in ${REDUNDANCY_SEEDS:-0}; do
-            $PY scripts/benchmark_text.py "${COMMON[@]}" --learning_rate "$(lr_used)" --seed "$SEED" \
+            $PY benchmarks/benchmark_text.py "${COMMON[@]}" --learning_rate "$(lr_used)" --seed "$SEED" \
                 --train_eval_samples 1000 --output_dir "$R/redundancy/seed$SEED" --strategies traditional
         done
-        $PY scripts/paper_regime_report.py --root "$R/redundancy" \
+        $PY benchmarks/paper_regime_report.py --root "$R/redundancy" \
             --title "Fine-tuning SST-2: Traditional's fit of its first 1,000 training sentences"
         ;;
     variants)
         for SEED in ${VARIANT_SEEDS:-0}; do
             mkdir -p "$R/variants/seed$SEED"
             cp -n "$R/seed$SEED/traditional.json" "$R/variants/seed$SEED/"
-            $PY scripts/benchmark_text.py "${COMMON[@]}" --learning_rate "$(lr_used)" --seed "$SEED" \
+            $PY benchmarks/benchmark_text.py "${COMMON[@]}" --learning_rate "$(lr_used)" --seed "$SEED" \
                 --keep 0.3333333333 --warmup_epochs 1 --output_dir "$R/variants/seed$SEED" \
                 --strategies traditional,sb-warmup,uniform-for-sb-warmup
         done
-        $PY scripts/paper_regime_report.py --root "$R/variants" \
+        $PY benchmarks/paper_regime_report.py --root "$R/variants" \
             --title "Fine-tuning SST-2: SB from the second epoch on"
         ;;
     report)
-        $PY scripts/paper_regime_report.py --root "$R" \
+        $PY benchmarks/paper_regime_report.py --root "$R" \
             --title "Fine-tuning: SST-2 from a BERT 2x128 pretrained (masked LM) on SST-2's sentences, $EPOCHS epochs"
         ;;
     *)

@@ -3,7 +3,7 @@
 # accuracy stays within Traditional's spread, on the image fine-tuning workload of benchmarks/run_finetune.sh
 # (CIFAR-10 classes 5-9 from $MODEL pretrained on classes 0-4: the same stand-in checkpoint, the same flags). Each
 # strategy's saving knob is swept with the benchmark's knob names (infobatch-r0.3, stale-sb-n2-keep0.5: see
-# `scripts/benchmark.py --help`), every setting beside the uniform control at the backward fraction it realised, so
+# `benchmarks/benchmark.py --help`), every setting beside the uniform control at the backward fraction it realised, so
 # that the random subset's curve is measured at every point the others reach.
 #
 # PARTS (in this order by default):
@@ -54,7 +54,7 @@ runs() {  # FOLDER SEED EPOCHS LR NAME...: each NAME whose log is missing, one p
     shift 4
     for NAME in "$@"; do
         [[ -f $FOLDER/$NAME.json ]] && continue
-        "${LOCK[@]}" $PY scripts/benchmark.py "${COMMON[@]}" --num_train_epochs "$RUN_EPOCHS" --learning_rate "$RATE" \
+        "${LOCK[@]}" $PY benchmarks/benchmark.py "${COMMON[@]}" --num_train_epochs "$RUN_EPOCHS" --learning_rate "$RATE" \
             --seed "$SEED" --output_dir "$FOLDER" --strategies "$NAME"
     done
 }
@@ -97,7 +97,7 @@ for PART in ${PARTS:-pretrain sweep seeds lr-long long report}; do
     report)
         for RUN_EPOCHS in $EPOCHS $LONG_EPOCHS; do
             [[ -d $R/epochs$RUN_EPOCHS ]] || continue
-            $PY scripts/frontier_report.py --root "$R/epochs$RUN_EPOCHS" \
+            $PY benchmarks/frontier_report.py --root "$R/epochs$RUN_EPOCHS" \
                 --title "Lossless frontier: CIFAR-10 classes 5-9 from $MODEL pretrained on classes 0-4, $RUN_EPOCHS epochs"
         done
         ;;

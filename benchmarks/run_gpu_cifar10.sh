@@ -27,13 +27,13 @@ for SEED in ${SEEDS:-0 1 2}; do
     OUT=$R/seed$SEED
     SELECTIVE=$(echo ",$STRATEGIES," | tr ',' '\n' | grep -vx -e '' -e uniform | paste -sd, -)
     if [[ -n "$SELECTIVE" ]]; then
-        $PY scripts/benchmark.py "${COMMON[@]}" --seed $SEED --output_dir $OUT --keep 0.3333 --strategies "$SELECTIVE"
+        $PY benchmarks/benchmark.py "${COMMON[@]}" --seed $SEED --output_dir $OUT --keep 0.3333 --strategies "$SELECTIVE"
     fi
     if [[ ",$STRATEGIES," == *",uniform,"* ]]; then
         # The control baseline keeps, at random, the fraction SB kept in this seed.
         KEPT=$($PY -c "import json; print(json.load(open('$OUT/sb.json'))['stats']['kept_fraction'])")
-        $PY scripts/benchmark.py "${COMMON[@]}" --seed $SEED --output_dir $OUT --keep $KEPT --strategies uniform
+        $PY benchmarks/benchmark.py "${COMMON[@]}" --seed $SEED --output_dir $OUT --keep $KEPT --strategies uniform
     fi
 done
-$PY scripts/benchmark_seeds.py --root $R \
+$PY benchmarks/benchmark_seeds.py --root $R \
     --title "CIFAR-10, all 50,000 images, resnet18, $EPOCHS epochs, one GPU (paper protocol)"

@@ -14,9 +14,9 @@ DATA=${DATA:-../shared/data}
 # Interleaved (one epoch of each strategy in turn), as the sweep ran.
 DEV="--dataset $DATA/cifar10 --max_train_samples 5000 --max_eval_samples 1000 --num_train_epochs 10 --seed 0 --interleave true"
 if [[ " ${SECTIONS:-1 2 3 4} " == *" 1 "* ]]; then
-    $PY scripts/benchmark.py $DEV --threads ${THREADS:-1} --output_dir $R/cifar10-dev-sweep \
+    $PY benchmarks/benchmark.py $DEV --threads ${THREADS:-1} --output_dir $R/cifar10-dev-sweep \
         --strategies traditional,sb,infobatch,infobatch-r0.7
-    $PY scripts/benchmark.py $DEV --threads ${THREADS:-1} --keep 0.5 --staleness 2 --output_dir $R/cifar10-dev-sweep \
+    $PY benchmarks/benchmark.py $DEV --threads ${THREADS:-1} --keep 0.5 --staleness 2 --output_dir $R/cifar10-dev-sweep \
         --strategies sb-anneal,sb-anneal-weighted,stale-sb-anneal
 fi
 
@@ -28,9 +28,9 @@ fi
 paper_protocol() {  # OUTPUT_DIR SEED DATASET_FLAGS...
     local OUT=$1 SEED=$2
     shift 2
-    $PY scripts/benchmark.py "$@" --seed $SEED --threads ${THREADS:-1} --output_dir $OUT --keep ${KEEP:-0.5} \
+    $PY benchmarks/benchmark.py "$@" --seed $SEED --threads ${THREADS:-1} --output_dir $OUT --keep ${KEEP:-0.5} \
         --staleness 2 --strategies traditional,infobatch,${BEST_SB:-sb-anneal},${BEST_STALE:-stale-sb-anneal}
-    $PY scripts/benchmark.py "$@" --seed $SEED --threads ${THREADS:-1} --output_dir $OUT --keep 0.3333 --strategies sb
+    $PY benchmarks/benchmark.py "$@" --seed $SEED --threads ${THREADS:-1} --output_dir $OUT --keep 0.3333 --strategies sb
     uniform_control "$OUT" "$SEED" "$@"
 }
 
@@ -38,7 +38,7 @@ uniform_control() {  # OUTPUT_DIR SEED DATASET_FLAGS...: uniform at the kept fra
     local OUT=$1 SEED=$2 KEPT
     shift 2
     KEPT=$($PY -c "import json; print(json.load(open('$OUT/infobatch.json'))['stats']['kept_fraction'])")
-    $PY scripts/benchmark.py "$@" --seed $SEED --threads ${THREADS:-1} --output_dir $OUT --strategies uniform --keep $KEPT
+    $PY benchmarks/benchmark.py "$@" --seed $SEED --threads ${THREADS:-1} --output_dir $OUT --strategies uniform --keep $KEPT
 }
 
 # 2. CIFAR-10, 10,000 training / 2,000 test images, 15 epochs, seeds 0 1 2.
@@ -47,7 +47,7 @@ if [[ " ${SECTIONS:-1 2 3 4} " == *" 2 "* ]]; then
         paper_protocol $R/cifar10-lossless/seed$SEED $SEED --dataset $DATA/cifar10 \
             --max_train_samples 10000 --max_eval_samples 2000 --num_train_epochs 15
     done
-    $PY scripts/benchmark_seeds.py --root $R/cifar10-lossless \
+    $PY benchmarks/benchmark_seeds.py --root $R/cifar10-lossless \
         --title "CIFAR-10, 10,000 images, resnet18, 15 epochs (paper protocol)"
 fi
 
@@ -58,7 +58,7 @@ if [[ " ${SECTIONS:-1 2 3 4} " == *" 3 "* ]]; then
         paper_protocol $R/mnist-lossless/seed$SEED $SEED --dataset $DATA/mnist \
             --max_train_samples 10000 --max_eval_samples 2000 --num_train_epochs 5
     done
-    $PY scripts/benchmark_seeds.py --root $R/mnist-lossless \
+    $PY benchmarks/benchmark_seeds.py --root $R/mnist-lossless \
         --title "MNIST, 10,000 images, resnet18, 5 epochs (paper protocol)"
 fi
 
@@ -69,10 +69,10 @@ fi
 if [[ " ${SECTIONS:-1 2 3 4} " == *" 4 "* ]]; then
     LONG=(--dataset $DATA/cifar10 --max_train_samples 2500 --max_eval_samples 2000 --num_train_epochs 30)
     for SEED in ${SEEDS:-0 1 2}; do
-        $PY scripts/benchmark.py "${LONG[@]}" --seed $SEED --threads ${THREADS:-1} \
+        $PY benchmarks/benchmark.py "${LONG[@]}" --seed $SEED --threads ${THREADS:-1} \
             --output_dir $R/cifar10-long/seed$SEED --strategies traditional,infobatch
         uniform_control $R/cifar10-long/seed$SEED $SEED "${LONG[@]}"
     done
-    $PY scripts/benchmark_seeds.py --root $R/cifar10-long \
+    $PY benchmarks/benchmark_seeds.py --root $R/cifar10-long \
         --title "CIFAR-10, 2,500 images, resnet18, 30 epochs (paper protocol)"
 fi

@@ -51,26 +51,26 @@ noisy_runs() {  # NOISE SEED
         $PY scripts/train.py "${EVAL[@]}" "${SPLIT[@]}" --train_on holdout --sb_strategy none \
             --num_train_epochs $REF_EPOCHS --seed $SEED --eval_strategy no --save_strategy no --output_dir $REF
     fi
-    $PY scripts/benchmark.py "${EVAL[@]}" "${SPLIT[@]}" "${COMMON[@]}" --output_dir $OUT --keep $KEEP \
+    $PY benchmarks/benchmark.py "${EVAL[@]}" "${SPLIT[@]}" "${COMMON[@]}" --output_dir $OUT --keep $KEEP \
         --staleness 3 --reference_model $REF --strategies $STRATEGIES
     KEPT=$KEEP  # SB's realised kept fraction where SB ran, else the one asked for
     if [[ -f $OUT/sb.json ]]; then
         KEPT=$($PY -c "import json; print(json.load(open('$OUT/sb.json'))['stats']['kept_fraction'])")
     fi
-    $PY scripts/benchmark.py "${EVAL[@]}" "${SPLIT[@]}" "${COMMON[@]}" --output_dir $OUT --strategies uniform --keep $KEPT
+    $PY benchmarks/benchmark.py "${EVAL[@]}" "${SPLIT[@]}" "${COMMON[@]}" --output_dir $OUT --strategies uniform --keep $KEPT
     if [[ ${ALL_IMAGES:-1} == 1 ]]; then
-        $PY scripts/benchmark.py "${EVAL[@]}" --max_train_samples $IMAGES "${COMMON[@]}" \
+        $PY benchmarks/benchmark.py "${EVAL[@]}" --max_train_samples $IMAGES "${COMMON[@]}" \
             --output_dir $R/noise$NOISE/all-images/seed$SEED --strategies traditional
     fi
 }
 
 report() {  # NOISE
-    $PY scripts/benchmark_seeds.py --root $R/noise$1 --title "CIFAR-10, $1 label noise: $REST training images \
+    $PY benchmarks/benchmark_seeds.py --root $R/noise$1 --title "CIFAR-10, $1 label noise: $REST training images \
 (reference: $HELD more), $MODEL, $EPOCHS epochs"
 }
 
 report_all_images() {  # NOISE
-    $PY scripts/benchmark_seeds.py --root $R/noise$1/all-images \
+    $PY benchmarks/benchmark_seeds.py --root $R/noise$1/all-images \
         --title "CIFAR-10, $1 label noise: Traditional on all $IMAGES images, $MODEL, $EPOCHS epochs"
 }
 

@@ -19,7 +19,7 @@ R=${RESULTS:-benchmarks/results/cifar10-paper-regime}
 DATA=${DATA:-../shared/data}
 EPOCHS=${EPOCHS:-60}
 # Two threads: on an idle 2-core CPU a training step of this network took 2.6 ms per image with two, 3.6 with
-# one (model_choice.md in the results folder, from scripts/bench_cifar_nets.py).
+# one (model_choice.md in the results folder, from benchmarks/bench_cifar_nets.py).
 source benchmarks/paper_regime_workload.sh
 COMMON=(--dataset "$DATA/cifar10" "${PAPER_REGIME_FLAGS[@]}" --cutout 0 --threads "${THREADS:-2}")
 # SB and Stale-SB (n = 3) at the paper's keep 1/3; InfoBatch at its paper's r = 0.5, delta = 0.875; Composer's
@@ -33,17 +33,17 @@ backward_fraction() {  # LOG: backward passes per example read
 run_with_controls() {  # OUTPUT_DIR SEED EPOCHS "STRATEGY..." "STRATEGY... GIVEN A UNIFORM CONTROL" [FLAGS...]
     local OUT=$1 SEED=$2 E=$3 RUNS=$4 CONTROLLED=$5 S
     shift 5
-    $PY scripts/benchmark.py "${COMMON[@]}" "$@" --num_train_epochs "$E" --seed "$SEED" --keep 0.3333333333 \
+    $PY benchmarks/benchmark.py "${COMMON[@]}" "$@" --num_train_epochs "$E" --seed "$SEED" --keep 0.3333333333 \
         --staleness 3 --output_dir "$OUT" --strategies "${RUNS// /,}"
     for S in $CONTROLLED; do
         [[ -e $OUT/uniform-for-$S.json || ! -e $OUT/$S.json ]] && continue
-        $PY scripts/benchmark.py "${COMMON[@]}" "$@" --num_train_epochs "$E" --seed "$SEED" \
+        $PY benchmarks/benchmark.py "${COMMON[@]}" "$@" --num_train_epochs "$E" --seed "$SEED" \
             --keep "$(backward_fraction "$OUT/$S.json")" --output_dir "$OUT" --strategies "uniform-for-$S"
     done
 }
 
 report() {
-    $PY scripts/paper_regime_report.py --root "$R"
+    $PY benchmarks/paper_regime_report.py --root "$R"
 }
 
 for PART in ${PARTS:-main sweep primed trainmode}; do
@@ -63,7 +63,7 @@ for PART in ${PARTS:-main sweep primed trainmode}; do
         done
         ;;
     primed)  # the authors' code trains one epoch on all data before selecting: SB with that priming, seed 0
-        $PY scripts/benchmark.py "${COMMON[@]}" --train_eval_samples 500 --evals_per_epoch 0.5 \
+        $PY benchmarks/benchmark.py "${COMMON[@]}" --train_eval_samples 500 --evals_per_epoch 0.5 \
             --num_train_epochs "$EPOCHS" --seed 0 --keep 0.3333333333 --warmup_epochs 1 --output_dir "$R/seed0" \
             --strategies sb-warmup
         report

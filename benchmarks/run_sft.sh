@@ -29,4 +29,4 @@ run stale-sb --sb_strategy sb --sb_keep 0.3333 --sb_staleness 2
 run packed-none --sb_strategy none --packing true
 run packed-sb --sb_strategy sb --sb_keep 0.3333 --packing true
 run packed-stale-sb --sb_strategy sb --sb_keep 0.3333 --sb_staleness 2 --packing true
-$PY scripts/sft_report.py --runs $R/none $R/sb $R/stale-sb $R/packed-none $R/packed-sb $R/packed-stale-sb | tee $R/report.md
+$PY benchmarks/sft_report.py --runs $R/none $R/sb $R/stale-sb $R/packed-none $R/packed-sb $R/packed-stale-sb | tee $R/report.md

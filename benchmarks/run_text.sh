@@ -19,8 +19,8 @@ DATA=${DATA:-../shared/data}
 # text in another process (huggingface/tokenizers#1794).
 [ -f $TOKENIZER/tokenizer.json ] || $PY scripts/train_tokenizer.py --dataset $DATA/sst2 --output_dir $TOKENIZER
 for SEED in ${SEEDS:-0 1 2}; do
-    $PY scripts/benchmark_text.py --dataset $DATA/sst2 --tokenizer_name $TOKENIZER --seed $SEED --threads ${THREADS:-2} \
+    $PY benchmarks/benchmark_text.py --dataset $DATA/sst2 --tokenizer_name $TOKENIZER --seed $SEED --threads ${THREADS:-2} \
         --output_dir $R/seed$SEED --keep 0.3333 --staleness 2 \
         --strategies traditional,sb,stale-sb,infobatch,uniform
 done
-$PY scripts/benchmark_seeds.py --root $R --title "SST-2, BERT 2x128 from scratch, 2 epochs (paper protocol)"
+$PY benchmarks/benchmark_seeds.py --root $R --title "SST-2, BERT 2x128 from scratch, 2 epochs (paper protocol)"

@@ -250,7 +250,7 @@ class SelectiveBackpropArguments:
             "(from the third, over ten or more, on every process), the plan then made anew from it and kept in "
             "checkpoints; until then the cost model's 1/3 (a backward costing two forwards, Jiang et al., 2019, "
             "section 3). Give a value for a run whose plan and length must not depend on the machine's clock "
-            "(scripts/bench_selection_pass.py measures one)."
+            "(benchmarks/bench_selection_pass.py measures one)."
         },
     )
 
@@ -361,7 +361,7 @@ class SelectiveBackpropArguments:
             fail("sb_history_scope", f"one of {', '.join(HISTORY_SCOPES)}", self.sb_history_scope)
         if self.sb_strategy != "none" and self.train_sampling_strategy in ("group_by_length", "batch_rebalance"):
             # transformers 5 spells the old --group_by_length as --train_sampling_strategy group_by_length.
-            # Not the padding: scripts/bench_length_grouping.py measured it mostly survives selection. The order
+            # Not the padding: benchmarks/bench_length_grouping.py measured it mostly survives selection. The order
             # is drawn from the global random state when an epoch starts, and a resume that skips the rows the
             # epoch already read must replay that order: not shown for these samplers.
             raise ValueError(

@@ -4,7 +4,7 @@
 
 `tokenizers`' trainer can learn a different vocabulary from the same text in another process
 (huggingface/tokenizers#1794), so runs that must be comparable or repeatable share a saved one:
-pass the folder as --tokenizer_name to scripts/train_text.py or scripts/benchmark_text.py.
+pass the folder as --tokenizer_name to scripts/train_text.py or benchmarks/benchmark_text.py.
 """
 
 from dataclasses import dataclass, field

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from hf_selective_backprop.benchmarks.cli import matched_control
-from hf_selective_backprop.benchmarks.paper_regime import redundancy_table, summarize, target_table
-from hf_selective_backprop.benchmarks.strategies import build_strategy
+from harness.cli import matched_control
+from harness.paper_regime import redundancy_table, summarize, target_table
+from harness.strategies import build_strategy
 
 
 def test_a_keep_suffix_sets_that_strategys_kept_fraction_only():
@@ -117,8 +117,8 @@ def test_the_target_needs_accuracy_speed_and_a_margin_over_the_control_in_every_
 
 
 def test_an_image_run_measures_its_fit_of_the_first_training_rows_at_every_evaluation(tmp_path):
-    from hf_selective_backprop.benchmarks.runner import RunSettings, run_strategy
-    from hf_selective_backprop.benchmarks.workloads import image_workload
+    from harness.runner import RunSettings, run_strategy
+    from harness.workloads import image_workload
     from hf_selective_backprop.data import DataArguments
     from hf_selective_backprop.models import ModelArguments
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from hf_selective_backprop.benchmarks.logs import breakdown, load_logs
-from hf_selective_backprop.benchmarks.report import (
+from harness.logs import breakdown, load_logs
+from harness.report import (
     epochs_for_budget,
     epochs_for_relative_budget,
     relative_epoch_costs,
@@ -112,7 +112,7 @@ def test_breakdown_other_is_the_rest():
 
 
 def test_breakdown_table_shows_the_time_per_optimizer_step():
-    from hf_selective_backprop.benchmarks.report import render_breakdown
+    from harness.report import render_breakdown
 
     log = make_log("sb", [0.5], [100.0], optimizer_steps=8)
     log["timings"] = {"train_step_seconds": 60.0, "optimizer_seconds": 0.2}
@@ -135,7 +135,7 @@ def test_report_is_rebuilt_from_the_json_logs_alone(logs, tmp_path):
 def test_turnstile_runs_one_epoch_of_each_in_turn():
     import threading
 
-    from hf_selective_backprop.benchmarks.runner import Turnstile
+    from harness.runner import Turnstile
 
     turnstile = Turnstile(["a", "b", "c"])
     trace = []
@@ -161,7 +161,7 @@ def test_benchmark_modules_import_no_circle():
     import ast
     from pathlib import Path
 
-    import hf_selective_backprop.benchmarks as package
+    import harness as package
 
     folder = Path(package.__file__).parent
     graph = {}
@@ -184,18 +184,18 @@ def test_report_without_matplotlib_and_plots_name_the_extra(logs, tmp_path, monk
     import sys
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if the extra were not installed
-    monkeypatch.delitem(sys.modules, "hf_selective_backprop.benchmarks.plots", raising=False)
+    monkeypatch.delitem(sys.modules, "harness.plots", raising=False)
     for name, log in logs.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(log))
     assert write_report(str(tmp_path), "no plots", plots=False).endswith("report.md")
     with pytest.raises(ImportError, match=r"hf-selective-backprop\[benchmarks\]"):
-        importlib.import_module("hf_selective_backprop.benchmarks.plots")
+        importlib.import_module("harness.plots")
 
 
 def test_provenance_counts_code_changes_but_not_the_benchmarks_own_results(tmp_path, monkeypatch):
     import subprocess
 
-    from hf_selective_backprop.benchmarks.provenance import provenance
+    from harness.provenance import provenance
 
     def git(*args):
         subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)

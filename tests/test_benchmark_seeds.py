@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hf_selective_backprop.benchmarks.seeds import load_seeds, provenance_summary, seeds_table, summarize_seeds
+from harness.seeds import load_seeds, provenance_summary, seeds_table, summarize_seeds
 
 
 def log(strategy, errors, seconds, kept=1.0):
@@ -76,7 +76,7 @@ def test_a_reference_models_cost_gets_its_own_column_and_stays_in_the_training_t
 
 
 def test_the_noise_sweep_reads_each_level_against_its_own_traditional(tmp_path):
-    from hf_selective_backprop.benchmarks.noise_sweep import sweep, sweep_table, write_sweep_report
+    from harness.noise_sweep import sweep, sweep_table, write_sweep_report
 
     write(tmp_path / "noise0.2", 0, log("traditional", [0.5, 0.4], [10, 20]), log("rholoss", [0.6, 0.5], [5, 10]))
     write(tmp_path / "noise0.2", 1, log("traditional", [0.5, 0.2], [10, 20]), log("rholoss", [0.6, 0.3], [5, 10]))

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from hf_selective_backprop.benchmarks.cli import BenchmarkArguments, main
-from hf_selective_backprop.benchmarks.workloads import text_workload
+from harness.cli import BenchmarkArguments, main
+from harness.workloads import text_workload
 from hf_selective_backprop.data.text import TextDataArguments
 from hf_selective_backprop.text_models import TextModelArguments
 

@@ -1,12 +1,12 @@
-"""`time_training`: the harness's throughput run (no evaluation) that scripts/bench_selection_pass.py times with."""
+"""`time_training`: the harness's throughput run (no evaluation) that benchmarks/bench_selection_pass.py times with."""
 
 import time
 
 import torch
 from tiny import TinyClassifier, make_dataset
 
-from hf_selective_backprop.benchmarks.runner import RunSettings, time_training
-from hf_selective_backprop.benchmarks.strategies import Strategy
+from harness.runner import RunSettings, time_training
+from harness.strategies import Strategy
 
 N, BATCH, EPOCHS = 64, 8, 2
 

@@ -226,7 +226,7 @@ def test_the_budget_plan_matches_the_cost_model():
 
 
 def test_benchmark_runs_take_the_budget(tmp_path):
-    from hf_selective_backprop.benchmarks.cli import BenchmarkArguments
+    from harness.cli import BenchmarkArguments
 
     (settings,) = HfArgumentParser(BenchmarkArguments).parse_args_into_dataclasses(
         ["--output_dir", str(tmp_path), "--sb_budget", "0.25", "--sb_cost_phi", "0.4"]
@@ -241,7 +241,7 @@ def test_benchmark_runs_take_the_budget(tmp_path):
 
 
 def test_the_benchmark_progress_names_the_budget_not_the_full_runs_epochs():
-    from hf_selective_backprop.benchmarks.cli import _run_length
+    from harness.cli import _run_length
 
     assert _run_length(6, None) == "6 epochs"
     assert _run_length(6, 0.5) == "budget 0.5 of a 6-epoch run"

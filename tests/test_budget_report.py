@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from hf_selective_backprop.benchmarks.budget_report import (
+from harness.budget_report import (
     budget_table,
     load_budgets,
     summarize_budgets,

@@ -1,8 +1,8 @@
-"""The paper's cost model, the one copy every benchmark script uses (hf_selective_backprop/benchmarks/cost_model.py)."""
+"""The paper's cost model, the one copy every benchmark script uses (benchmarks/harness/cost_model.py)."""
 
 import pytest
 
-from hf_selective_backprop.benchmarks.cost_model import (
+from harness.cost_model import (
     PAPER_R,
     forward_from_step,
     ideal_speedup,

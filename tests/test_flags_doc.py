@@ -1,4 +1,4 @@
-"""docs/flags.md is what scripts/gen_flags_doc.py makes of SelectiveBackpropConfig, and documents every field
+"""docs/flags.md is what tools/gen_flags_doc.py makes of SelectiveBackpropConfig, and documents every field
 SelectiveBackpropArguments adds (the sb_* flags and the step-decay flags)."""
 
 import dataclasses
@@ -8,8 +8,8 @@ from pathlib import Path
 from hf_selective_backprop import SelectiveBackpropConfig
 
 ROOT = Path(__file__).resolve().parents[1]
-GENERATOR = runpy.run_path(str(ROOT / "scripts" / "gen_flags_doc.py"))
-REGENERATE = "run `python scripts/gen_flags_doc.py` to regenerate docs/flags.md"
+GENERATOR = runpy.run_path(str(ROOT / "tools" / "gen_flags_doc.py"))
+REGENERATE = "run `python tools/gen_flags_doc.py` to regenerate docs/flags.md"
 
 
 def sb_field_names() -> list[str]:

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from hf_selective_backprop.benchmarks.frontier import (
+from harness.frontier import (
     against_uniform_curve,
     baseline,
     collect,

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_selective_backprop.benchmarks.gpu_report import render, throughput_rows
+from harness.gpu_report import render, throughput_rows
 
 ROOT = Path(__file__).resolve().parents[1]
-DRIVER = ROOT / "scripts" / "gpu_check.py"
+DRIVER = ROOT / "benchmarks" / "gpu_check.py"
 
 
 def load_driver():

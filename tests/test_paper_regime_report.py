@@ -6,7 +6,7 @@ import statistics
 import pytest
 import torch
 
-from hf_selective_backprop.benchmarks.paper_regime import (
+from harness.paper_regime import (
     cost_model_seconds,
     pareto_front,
     plateau,
@@ -14,7 +14,7 @@ from hf_selective_backprop.benchmarks.paper_regime import (
     unit_costs,
     write_paper_regime_report,
 )
-from hf_selective_backprop.benchmarks.seeds import load_seeds
+from harness.seeds import load_seeds
 
 
 def log(strategy, errors, seconds, backwards, seen, forwards=0, forward_seconds=0.0, train=None, epochs=None):
@@ -123,8 +123,8 @@ def test_report_leaves_out_the_convergence_section_when_no_run_measured_its_trai
 def test_fit_rows_are_the_first_rows_unaugmented_in_evaluation_batches_and_refuse_bad_counts():
     from tiny import make_image_dataset
 
-    from hf_selective_backprop.benchmarks.runner import _fit_rows
-    from hf_selective_backprop.benchmarks.workloads import Workload
+    from harness.runner import _fit_rows
+    from harness.workloads import Workload
 
     dataset = make_image_dataset(16)
     workload = Workload(train=dataset, eval=dataset, dataset_id="tiny", model_name="tiny", build_model=None)

@@ -55,7 +55,7 @@ def test_a_split_the_dataset_lacks_is_refused_naming_the_flag(tmp_path):
 
 def test_fine_tuning_a_model_with_fewer_positions_than_max_length_truncates_to_them_and_says_so(tmp_path, caplog):
     """A model pretrained on 4-token texts has 4 positions: --max_length 128 rows would index past them."""
-    from hf_selective_backprop.benchmarks.workloads import text_workload
+    from harness.workloads import text_workload
     from hf_selective_backprop.data.text import TextDataArguments
     from hf_selective_backprop.text_models import TextModelArguments
 

@@ -344,9 +344,9 @@ def test_a_holdout_carries_label_noise_at_the_rate_of_the_rest_whatever_the_two_
 def test_the_benchmark_counts_the_reference_models_training_and_pass_in_the_strategys_time(tmp_path):
     from test_workflow import run_digits
 
-    from hf_selective_backprop.benchmarks.runner import RunSettings, run_strategy
-    from hf_selective_backprop.benchmarks.strategies import build_strategy
-    from hf_selective_backprop.benchmarks.workloads import image_workload
+    from harness.runner import RunSettings, run_strategy
+    from harness.strategies import build_strategy
+    from harness.workloads import image_workload
     from hf_selective_backprop.data import DataArguments
 
     split = dict(holdout_fraction=0.25, holdout_seed=0, max_train_samples=128, image_size=16)

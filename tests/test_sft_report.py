@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_selective_backprop.benchmarks.sft_report import load_run, load_seeds, render, render_seeds
+from harness.sft_report import load_run, load_seeds, render, render_seeds
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,7 +63,7 @@ def test_without_controls_the_report_is_the_throughput_table_alone(runs):
 
 
 def test_the_script_prints_the_report(runs):
-    result = subprocess.run([sys.executable, "scripts/sft_report.py", "--runs", *map(str, runs)], cwd=REPO,
+    result = subprocess.run([sys.executable, "benchmarks/sft_report.py", "--runs", *map(str, runs)], cwd=REPO,
                             capture_output=True, text=True, check=True)
     assert "| sb | 2.00x | 2.50x | -0.0500 | +3.00 | yes |" in result.stdout
 

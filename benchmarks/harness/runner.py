@@ -14,7 +14,7 @@ run's global RNG state is saved and restored around its waits, so it draws the s
 numbers (initialisation, data order, augmentation) as it would alone.
 
 `time_training` is the same configuration and clock without evaluation, for throughput
-measurements (`scripts/bench_selection_pass.py`).
+measurements (`benchmarks/bench_selection_pass.py`).
 """
 
 from __future__ import annotations
@@ -37,9 +37,10 @@ import numpy as np
 import torch
 from transformers import TrainerCallback, default_data_collator, set_seed
 
-from ..cards import training_costs
-from ..metrics import compute_metrics
-from ..trainer import SelectiveBackpropTrainer
+from hf_selective_backprop.cards import training_costs
+from hf_selective_backprop.metrics import compute_metrics
+from hf_selective_backprop.trainer import SelectiveBackpropTrainer
+
 from .provenance import provenance
 from .settings import RunSettings
 from .strategies import Strategy

@@ -1,8 +1,8 @@
 """`RunSettings`: what every run of one benchmark shares, and the one place it becomes a `SelectiveBackpropConfig`.
 
-`scripts/benchmark.py` and `scripts/benchmark_text.py` read these fields as flags (`BenchmarkArguments`
-extends this class); `scripts/bench_selection_pass.py`, `scripts/gpu_throughput.py` and
-`scripts/gpu_diagnostics.py` build one in code. Every run's log records the fields (but the output
+`benchmarks/benchmark.py` and `benchmarks/benchmark_text.py` read these fields as flags (`BenchmarkArguments`
+extends this class); `benchmarks/bench_selection_pass.py`, `benchmarks/gpu_throughput.py` and
+`benchmarks/gpu_diagnostics.py` build one in code. Every run's log records the fields (but the output
 folder) under ``settings``. Importing this module needs neither torch nor transformers.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..config import SelectiveBackpropConfig
+    from hf_selective_backprop.config import SelectiveBackpropConfig
 
 
 @dataclass
@@ -78,7 +78,7 @@ class RunSettings:
         if self.train_eval_samples < 0:
             raise ValueError(f"--train_eval_samples must be >= 0, got {self.train_eval_samples}")
         if self.lr_decay_milestones is not None:
-            from ..lr_schedule import check_milestones
+            from hf_selective_backprop.lr_schedule import check_milestones
 
             self.lr_decay_milestones = list(self.lr_decay_milestones)
             check_milestones(self.lr_decay_milestones, self.lr_decay_factor)
@@ -100,7 +100,7 @@ class RunSettings:
         progress bar, no reporting), then ``overrides`` (a strategy's ``sb_*`` flags, or anything else)."""
         import torch
 
-        from ..config import SelectiveBackpropConfig
+        from hf_selective_backprop.config import SelectiveBackpropConfig
 
         arguments = dict(
             output_dir=run_dir,

@@ -6,7 +6,8 @@ ran before decisions moved in front of the loader: every example loaded and augm
 Two datasets: the workflow's decoded uint8 tensors (augmentation only), and rows decoded from PNG
 per example (as a `datasets` image column with a per-example transform loads them).
 
-    python scripts/bench_before_loading.py --data ../shared/data/cifar10 --output_dir benchmarks/results/before-loading
+    python benchmarks/bench_before_loading.py --data ../shared/data/cifar10 \
+        --output_dir benchmarks/results/before-loading
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import torch
 from PIL import Image
 from transformers import HfArgumentParser
 
+from harness.provenance import provenance
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
-from hf_selective_backprop.benchmarks.provenance import provenance
 from hf_selective_backprop.data import DataArguments, load_image_data
 from hf_selective_backprop.engine import SelectionEngine
 from hf_selective_backprop.models import ModelArguments, build_model

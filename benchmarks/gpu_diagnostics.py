@@ -1,13 +1,13 @@
 """Two sections of `make gpu-check` (docs/gpu.md): training runs on a CUDA device that check the trainer there.
 
-    python scripts/gpu_diagnostics.py --section precision|syncs --output_dir OUT [--data CIFAR10]
+    python benchmarks/gpu_diagnostics.py --section precision|syncs --output_dir OUT [--data CIFAR10]
 
 - ``precision``: bf16 and fp16 training with sb, Stale-SB and infobatch on 4,096 CIFAR-10 images: finite
   losses, counters, the fp16 loss scaler's skipped steps;
 - ``syncs``: host synchronisations per selection batch and per optimizer step
   (``torch.cuda.set_sync_debug_mode``), with the line of code that made each.
 
-Writes OUT/<section>.json, which scripts/gpu_check.py puts into its report. Without a CUDA device it
+Writes OUT/<section>.json, which benchmarks/gpu_check.py puts into its report. Without a CUDA device it
 prints one line and exits 0.
 """
 
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from hf_selective_backprop.benchmarks.gpu_report import run_section
-from hf_selective_backprop.benchmarks.settings import RunSettings
-from hf_selective_backprop.benchmarks.workloads import cifar10_workload
+from harness.gpu_report import run_section
+from harness.settings import RunSettings
+from harness.workloads import cifar10_workload
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,7 +1,7 @@
 """Report of the lossless frontier: each strategy's largest saving at Traditional's accuracy, beside the random
 subset's, with the figure of accuracy against measured saving.
 
-    python scripts/frontier_report.py --root benchmarks/results/frontier-cifar10-cifar_convnet_half/epochs6
+    python benchmarks/frontier_report.py --root benchmarks/results/frontier-cifar10-cifar_convnet_half/epochs6
 
 Reads <root>/seed*/<setting>.json (benchmarks/run_frontier.sh writes them); writes <root>/report.md and
 <root>/frontier.png. See docs/record/benchmarks.md, "Lossless frontier".
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from hf_selective_backprop.benchmarks.frontier import write_frontier_report
+from harness.frontier import write_frontier_report
 
 
 @dataclass

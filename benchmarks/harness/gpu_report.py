@@ -1,9 +1,9 @@
 """`make gpu-check`'s report: the pytest results read from JUnit XML, the throughput table beside the cost model,
-and the markdown that `scripts/gpu_check.py` writes to report.md (docs/gpu.md).
+and the markdown that `benchmarks/gpu_check.py` writes to report.md (docs/gpu.md).
 
 Reads and writes plain dicts (what each section's JSON holds); no torch. The sections themselves run in
-`scripts/gpu_check.py` (pytest), `scripts/gpu_diagnostics.py` (precision, syncs) and
-`scripts/gpu_throughput.py` (throughput).
+`benchmarks/gpu_check.py` (pytest), `benchmarks/gpu_diagnostics.py` (precision, syncs) and
+`benchmarks/gpu_throughput.py` (throughput).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""Mean and spread over seeds of the benchmark logs in <root>/seed*/ (written by scripts/benchmark.py).
+"""Mean and spread over seeds of the benchmark logs in <root>/seed*/ (written by benchmarks/benchmark.py).
 
-    python scripts/benchmark_seeds.py --root benchmarks/results/cifar10-lossless --title "CIFAR-10 ..."
+    python benchmarks/benchmark_seeds.py --root benchmarks/results/cifar10-lossless --title "CIFAR-10 ..."
 """
 
 from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from hf_selective_backprop.benchmarks.seeds import write_seeds_report
+from harness.seeds import write_seeds_report
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """One report over label-noise levels from the logs `benchmarks/run_noisy.sh` writes.
 
-    python scripts/noisy_report.py --root benchmarks/results/cifar10-noisy --title "CIFAR-10, label noise" \
+    python benchmarks/noisy_report.py --root benchmarks/results/cifar10-noisy --title "CIFAR-10, label noise" \
         --pairs rholoss-cdf:rholoss,stale-rholoss:rholoss
 
 Writes <root>/report.md (strategies down, noise levels across) and <root>/accuracy_vs_noise.png.
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from hf_selective_backprop.benchmarks.noise_sweep import write_sweep_report
+from harness.noise_sweep import write_sweep_report
 
 
 @dataclass

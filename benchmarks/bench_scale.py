@@ -1,6 +1,6 @@
 """What selection holds and moves per rank as the dataset grows: the O(N) parts, measured at N examples.
 
-    python scripts/bench_scale.py [--examples 1000000 10000000] [--selection-batch 128] [--processes 8]
+    python benchmarks/bench_scale.py [--examples 1000000 10000000] [--selection-batch 128] [--processes 8]
 
 Every rank holds the same Stale-SB loss store and, in a planned epoch, the same plan; the main process
 makes the plan and broadcasts it. For each N this builds them as the engine does (`LossStore`, `stale_plan`

@@ -1,6 +1,6 @@
 """`make gpu-check`'s throughput section (docs/gpu.md): all 50,000 CIFAR-10 training images on one CUDA device.
 
-    python scripts/gpu_throughput.py --output_dir OUT [--data CIFAR10]
+    python benchmarks/gpu_throughput.py --output_dir OUT [--data CIFAR10]
 
 One cycle each of Traditional, SB, Stale-SB (n=3: three epochs), InfoBatch (two epochs: the first has
 no losses to prune by) and the uniform control, timm resnet18, batch 128, trained by the benchmark
@@ -8,7 +8,7 @@ harness (`run_strategy`) with `--sb_sync_timers` on so that the time split measu
 launches. F, r and phi are measured on one batch first (`timing.median_seconds`, which synchronises the
 device); the table puts the cost model's ideal speedup (`cost_model`) beside the measured one.
 
-Writes OUT/throughput.json (and each run's log under OUT/throughput/), which scripts/gpu_check.py puts
+Writes OUT/throughput.json (and each run's log under OUT/throughput/), which benchmarks/gpu_check.py puts
 into its report, and prints the table. Without a CUDA device it prints one line and exits 0.
 """
 
@@ -20,13 +20,13 @@ from pathlib import Path
 
 import torch
 
-from hf_selective_backprop.benchmarks.cost_model import r_from_times
-from hf_selective_backprop.benchmarks.gpu_report import render_throughput, run_section, throughput_rows
-from hf_selective_backprop.benchmarks.runner import run_strategy, write_log
-from hf_selective_backprop.benchmarks.settings import RunSettings
-from hf_selective_backprop.benchmarks.strategies import Strategy, build_strategy
-from hf_selective_backprop.benchmarks.timing import median_seconds
-from hf_selective_backprop.benchmarks.workloads import cifar10_workload
+from harness.cost_model import r_from_times
+from harness.gpu_report import render_throughput, run_section, throughput_rows
+from harness.runner import run_strategy, write_log
+from harness.settings import RunSettings
+from harness.strategies import Strategy, build_strategy
+from harness.timing import median_seconds
+from harness.workloads import cifar10_workload
 
 KEEP = 1 / 3
 #: (strategy, epochs): one cycle of each.

@@ -1,6 +1,6 @@
 """`make gpu-check`: what the trainer does on a CUDA device, in one markdown report plus JSON (docs/gpu.md).
 
-    python scripts/gpu_check.py [--output_dir benchmarks/results/gpu-check] [--data CIFAR10_FOLDER]
+    python benchmarks/gpu_check.py [--output_dir benchmarks/results/gpu-check] [--data CIFAR10_FOLDER]
                                 [--sections pytest,precision,syncs,throughput] [--budget_seconds 470]
 
 Runs each section in its own process (a crash or hang costs only its own section), in this order,
@@ -8,8 +8,8 @@ within one time budget, then writes report.json and report.md (`gpu_report.rende
 
 - ``pytest``: ``pytest -m gpu`` (tests/test_gpu.py: transfers, one wait per selection batch, selection
   precision, bit-exact resume on CUDA, the 2-process lockstep test under NCCL with two devices);
-- ``precision`` and ``syncs``: scripts/gpu_diagnostics.py (mixed-precision training; host synchronisations);
-- ``throughput``: scripts/gpu_throughput.py (all of CIFAR-10, examples/s beside the cost model's ideal).
+- ``precision`` and ``syncs``: benchmarks/gpu_diagnostics.py (mixed-precision training; host synchronisations);
+- ``throughput``: benchmarks/gpu_throughput.py (all of CIFAR-10, examples/s beside the cost model's ideal).
 
 Without a CUDA device it prints one line and exits 0.
 """
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ROOT / "scripts"
+HERE = Path(__file__).resolve().parent
 SECTIONS = ("pytest", "precision", "syncs", "throughput")
 
 
@@ -64,14 +64,14 @@ def command(name: str, options, out: Path) -> list[str]:
         return [sys.executable, "-m", "pytest", "-m", "gpu", "tests", "-q", "-rA", "-p", "no:cacheprovider",
                 f"--junitxml={out / 'pytest.xml'}"]
     if name == "throughput":
-        script = [str(SCRIPTS / "gpu_throughput.py")]
+        script = [str(HERE / "gpu_throughput.py")]
     else:  # precision, syncs
-        script = [str(SCRIPTS / "gpu_diagnostics.py"), "--section", name]
+        script = [str(HERE / "gpu_diagnostics.py"), "--section", name]
     return [sys.executable, *script, "--output_dir", str(out), "--data", options.data]
 
 
 def orchestrate(options, out: Path) -> int:
-    from hf_selective_backprop.benchmarks.gpu_report import pytest_results, render
+    from harness.gpu_report import pytest_results, render
 
     deadline = time.monotonic() + options.budget_seconds
     report = {"environment": environment(), "sections": {}}

@@ -1,14 +1,14 @@
 """Time to accuracy of several selection strategies (the paper's Table 1), on one machine.
 
-    python scripts/benchmark.py --dataset ../shared/data/cifar10 --max_train_samples 10000 \
+    python benchmarks/benchmark.py --dataset ../shared/data/cifar10 --max_train_samples 10000 \
         --max_eval_samples 2000 --num_train_epochs 12 --output_dir benchmarks/results/cifar10-paper
-    python scripts/benchmark.py --protocol budget --paper_dir benchmarks/results/cifar10-paper \
+    python benchmarks/benchmark.py --protocol budget --paper_dir benchmarks/results/cifar10-paper \
         --dataset ../shared/data/cifar10 --max_train_samples 10000 --max_eval_samples 2000 \
         --output_dir benchmarks/results/cifar10-budget
-    python scripts/benchmark.py --output_dir benchmarks/results/cifar10-paper --report_only
+    python benchmarks/benchmark.py --output_dir benchmarks/results/cifar10-paper --report_only
 
 Writes <output_dir>/<strategy>.json (per-epoch log), report.md and PNGs; a strategy whose
-JSON exists is skipped. Text classification: scripts/benchmark_text.py. Every flag: --help.
+JSON exists is skipped. Text classification: benchmarks/benchmark_text.py. Every flag: --help.
 See docs/record/benchmarks.md.
 """
 
@@ -17,8 +17,8 @@ from functools import partial
 
 from transformers import HfArgumentParser
 
-from hf_selective_backprop.benchmarks.cli import BenchmarkArguments, main
-from hf_selective_backprop.benchmarks.workloads import image_workload
+from harness.cli import BenchmarkArguments, main
+from harness.workloads import image_workload
 from hf_selective_backprop.data import DataArguments
 from hf_selective_backprop.models import ModelArguments
 

@@ -1,11 +1,11 @@
 """Time to accuracy of several selection strategies on a text-classification dataset (SST-2 by default).
 
-    python scripts/benchmark_text.py --dataset ../shared/data/sst2 --num_train_epochs 2 \
+    python benchmarks/benchmark_text.py --dataset ../shared/data/sst2 --num_train_epochs 2 \
         --evals_per_epoch 4 --output_dir benchmarks/results/sst2/seed0 --seed 0
 
 A WordPiece tokenizer is trained on the training split and a small BERT built from the size
 flags (as scripts/train_text.py does), or --model_name_or_path/--tokenizer_name name Hub ones.
-Writes <output_dir>/<strategy>.json, report.md and PNGs like scripts/benchmark.py; a strategy
+Writes <output_dir>/<strategy>.json, report.md and PNGs like benchmarks/benchmark.py; a strategy
 whose JSON exists is skipped. Every flag: --help. See docs/record/benchmarks.md.
 """
 
@@ -14,8 +14,8 @@ from functools import partial
 
 from transformers import HfArgumentParser
 
-from hf_selective_backprop.benchmarks.cli import BenchmarkArguments, main
-from hf_selective_backprop.benchmarks.workloads import text_workload
+from harness.cli import BenchmarkArguments, main
+from harness.workloads import text_workload
 from hf_selective_backprop.data.text import TextDataArguments
 from hf_selective_backprop.text_models import TextModelArguments
 

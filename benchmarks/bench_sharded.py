@@ -1,6 +1,6 @@
 """The cost of keeping sharded forwards in lockstep: one Stale-SB run under DDP, DeepSpeed ZeRO-2 and ZeRO-3.
 
-    python scripts/bench_sharded.py [--examples 403] [--epochs 4] [--out /tmp/bench_sharded]
+    python benchmarks/bench_sharded.py [--examples 403] [--epochs 4] [--out /tmp/bench_sharded]
 
 Each engine trains the same tiny BERT classifier (``tests/dist_worker.py --text``) on 2 CPU processes
 (torchrun, gloo, one thread each) with Stale-SB (n = 2), ``dataloader_drop_last`` and an odd number of

@@ -1,4 +1,4 @@
-"""What `scripts/benchmark.py` runs: every strategy of one protocol, then the report."""
+"""What `benchmarks/benchmark.py` runs: every strategy of one protocol, then the report."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class BenchmarkArguments(RunSettings):
-    """The flags of scripts/benchmark.py and scripts/benchmark_text.py: the run settings every strategy shares
+    """The flags of benchmarks/benchmark.py and benchmarks/benchmark_text.py: the run settings every strategy shares
     (`RunSettings`), which strategies run, and how their epochs are chosen."""
 
     strategies: str = field(

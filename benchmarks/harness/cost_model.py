@@ -8,8 +8,8 @@ rows: none) and trains the kept fraction s:
 
     cost = phi * scored F + s (1 + r) F,    ideal speedup = (1 + r) / (phi * scored + s (1 + r))
 
-The benchmark scripts (scripts/bench_selection_pass.py, scripts/gpu_throughput.py via
-`gpu_report.throughput_rows`, scripts/sft_report.py) measure phi, r and s and put this ideal beside
+The benchmark scripts (benchmarks/bench_selection_pass.py, benchmarks/gpu_throughput.py via
+`gpu_report.throughput_rows`, benchmarks/sft_report.py) measure phi, r and s and put this ideal beside
 the speedup they measure. Pure arithmetic: no torch.
 """
 

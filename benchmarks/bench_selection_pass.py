@@ -11,13 +11,13 @@ Part 2 (trainer throughput, runs alternated A B C D A B C D): `SelectiveBackprop
 synthetic (or CIFAR-10) dataset of ``train_selection_batches x batch_size`` examples for
 'none' (Traditional), 'sb', 'sb' with the fastest selection option of part 1, and Stale-SB
 over ``staleness`` epochs, each trained and timed by the benchmark harness
-(`hf_selective_backprop.benchmarks.runner.time_training`: the time-to-accuracy runs'
+(`harness.runner.time_training`: the time-to-accuracy runs'
 configuration and clock, from the training loop's start to the last epoch's end). Reports
 examples consumed per second relative to Traditional next to the cost model's ideal
 (1+r) / (phi + s(1+r)) and (1+r) / (phi/n + s(1+r)), with the measured phi and r of part 1 and
 s = each run's trained fraction (backwards / examples).
 
-    python scripts/bench_selection_pass.py --data path/to/cifar10 --train_rounds 9 \
+    python benchmarks/bench_selection_pass.py --data path/to/cifar10 --train_rounds 9 \
         --output_dir benchmarks/results/selection-pass
 """
 
@@ -38,12 +38,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 from transformers import HfArgumentParser  # noqa: E402
 
-from hf_selective_backprop.benchmarks.cost_model import forward_from_step, ideal_speedup, phi_from_times  # noqa: E402
-from hf_selective_backprop.benchmarks.provenance import provenance  # noqa: E402
-from hf_selective_backprop.benchmarks.runner import time_training  # noqa: E402
-from hf_selective_backprop.benchmarks.settings import RunSettings  # noqa: E402
-from hf_selective_backprop.benchmarks.strategies import Strategy  # noqa: E402
-from hf_selective_backprop.benchmarks.timing import timed  # noqa: E402
+from harness.cost_model import forward_from_step, ideal_speedup, phi_from_times  # noqa: E402
+from harness.provenance import provenance  # noqa: E402
+from harness.runner import time_training  # noqa: E402
+from harness.settings import RunSettings  # noqa: E402
+from harness.strategies import Strategy  # noqa: E402
+from harness.timing import timed  # noqa: E402
 from hf_selective_backprop.data.datasets import ImageTensorDataset  # noqa: E402
 from hf_selective_backprop.data.transforms import BatchTransform  # noqa: E402
 from hf_selective_backprop.engine.scoring import SelectionScorer  # noqa: E402

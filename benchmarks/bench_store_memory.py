@@ -1,6 +1,6 @@
 """Peak memory of the Stale-SB loss store for a large dataset (issue 6).
 
-    python scripts/bench_store_memory.py [--examples 1000000] [--batch 1024] [--updates 3000]
+    python benchmarks/bench_store_memory.py [--examples 1000000] [--batch 1024] [--updates 3000]
 
 Builds a `LossStore`, fills every id once in shuffled batches (a scoring epoch), then applies
 ``--updates`` batches of random ids (training-forward refreshes), then saves it as a checkpoint

@@ -7,6 +7,7 @@ draws them; `cost_model` is the paper's cost model, `timing` the one timer, and 
 `make gpu-check`'s report. `settings`, `logs`, `report`, `cost_model` and `gpu_report` need neither
 torch nor transformers; `plots` needs matplotlib.
 
-The harness is not in the wheel (docs/architecture.md, "What ships"): it runs from a clone, installed
-with `pip install -e ".[benchmarks]"`.
+The harness is not in the wheel (docs/architecture.md, "What ships"): it runs from a clone, with the package
+installed (`pip install -e ".[benchmarks]"`), imported as `harness` by the scripts beside it in benchmarks/ (which
+Python puts on the path when it runs them) and by the tests (pytest's `pythonpath`).
 """

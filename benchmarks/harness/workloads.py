@@ -23,8 +23,8 @@ class Workload:
 
 def image_workload(data_args, model_args, seed: int) -> Workload:
     """Images decoded once and augmented per batch (``seed`` seeds the augmentation); a timm model."""
-    from ..data import load_image_data
-    from ..models import build_model
+    from hf_selective_backprop.data import load_image_data
+    from hf_selective_backprop.models import build_model
 
     data = load_image_data(data_args, seed=seed)
     return Workload(
@@ -46,8 +46,8 @@ def text_workload(data_args, model_args, seed: int) -> Workload:
     """
     from transformers import DataCollatorWithPadding
 
-    from ..data.text import load_text_data, texts_of, tokenize, train_wordpiece_tokenizer
-    from ..text_models import build_text_model, fitted_max_length, load_tokenizer
+    from hf_selective_backprop.data.text import load_text_data, texts_of, tokenize, train_wordpiece_tokenizer
+    from hf_selective_backprop.text_models import build_text_model, fitted_max_length, load_tokenizer
 
     if data_args.task != "text-classification":
         raise ValueError(f"--task {data_args.task!r}: the benchmark measures accuracy, use text-classification")
@@ -81,10 +81,10 @@ def text_workload(data_args, model_args, seed: int) -> Workload:
 
 def cifar10_workload(data: str, max_train_samples: int | None, seed: int = 0) -> Workload:
     """CIFAR-10 (a folder in the Hub's layout, or a Hub id) decoded once and augmented per batch, its test split
-    capped at 2,000 images, and timm resnet18: the GPU check's workload (scripts/gpu_diagnostics.py,
-    scripts/gpu_throughput.py), as the CPU benchmarks build it."""
-    from ..data import DataArguments
-    from ..models import ModelArguments
+    capped at 2,000 images, and timm resnet18: the GPU check's workload (benchmarks/gpu_diagnostics.py,
+    benchmarks/gpu_throughput.py), as the CPU benchmarks build it."""
+    from hf_selective_backprop.data import DataArguments
+    from hf_selective_backprop.models import ModelArguments
 
     data_args = DataArguments(dataset=data, eval_split="test", max_train_samples=max_train_samples,
                               max_eval_samples=2000)

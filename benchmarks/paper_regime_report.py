@@ -1,6 +1,6 @@
 """Report of the convergence-regime benchmark: tables, figures and the Pareto frontier.
 
-    python scripts/paper_regime_report.py --root benchmarks/results/cifar10-paper-regime
+    python benchmarks/paper_regime_report.py --root benchmarks/results/cifar10-paper-regime
 
 Reads <root>/seed*/<strategy>.json and <root>/sweep/epochs*/<strategy>.json (benchmarks/run_paper_regime.sh
 writes them); writes <root>/report.md and its PNGs. See docs/record/benchmarks.md.
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from hf_selective_backprop.benchmarks.paper_regime import write_paper_regime_report
+from harness.paper_regime import write_paper_regime_report
 
 
 @dataclass

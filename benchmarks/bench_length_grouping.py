@@ -1,6 +1,6 @@
 """How much padding length-grouped sampling saves once selection regroups the kept rows, on real sentence lengths.
 
-    python scripts/bench_length_grouping.py [--dataset ../shared/data/sst2] [--batch 32] [--keep 0.3333]
+    python benchmarks/bench_length_grouping.py [--dataset ../shared/data/sst2] [--batch 32] [--keep 0.3333]
 
 Selection keeps rows of several selection batches and trains them together (the queue re-pads each training
 micro-batch to its longest row). This replays that on the lengths of a dataset's sentences (words, split on

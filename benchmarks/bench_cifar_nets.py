@@ -1,6 +1,6 @@
 """Seconds per image of a training step and of a no-grad forward, for the networks a CPU run can choose from.
 
-    python scripts/bench_cifar_nets.py --threads 1 2 --output benchmarks/results/cifar10-paper-regime/model_choice.md
+    python benchmarks/bench_cifar_nets.py --threads 1 2 --output benchmarks/results/cifar10-paper-regime/model_choice.md
 
 What picked the convergence-regime benchmark's network and thread count (docs/record/benchmarks.md, "Near
 convergence"): SGD steps on batches of 128 random 32x32 images, after warm-up steps, on an otherwise idle

@@ -1,6 +1,6 @@
 """Several seeds of one benchmark: mean and spread of accuracy, training time and time to target.
 
-``<root>/seed<k>/<strategy>.json`` are the per-seed logs `scripts/benchmark.py` writes. Every
+``<root>/seed<k>/<strategy>.json`` are the per-seed logs `benchmarks/benchmark.py` writes. Every
 time-to-target figure is read against the Traditional run *of the same seed*: its final error x
 factor is the target, and the speedup is Traditional's time to that target over the strategy's.
 """

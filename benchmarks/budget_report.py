@@ -1,7 +1,7 @@
 """Report of the budget study: final accuracy of every strategy at each --sb_budget, the winner per budget, and
 final error against budget with its Pareto frontier.
 
-    python scripts/budget_report.py --root benchmarks/results/budget-finetune-cifar10
+    python benchmarks/budget_report.py --root benchmarks/results/budget-finetune-cifar10
 
 Reads <root>/budget<F>/seed*/<strategy>.json (benchmarks/run_budget.sh writes them); writes <root>/report.md and
 error_vs_budget.png. See docs/record/benchmarks.md.
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from transformers import HfArgumentParser
 
-from hf_selective_backprop.benchmarks.budget_report import write_budget_report
+from harness.budget_report import write_budget_report
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Write docs/flags.md from the fields `SelectiveBackpropArguments` adds, so the page cannot drift from the code.
 
-    python scripts/gen_flags_doc.py            # rewrite docs/flags.md
-    python scripts/gen_flags_doc.py --check    # exit 1 if docs/flags.md differs from what the fields give
+    python tools/gen_flags_doc.py            # rewrite docs/flags.md
+    python tools/gen_flags_doc.py --check    # exit 1 if docs/flags.md differs from what the fields give
 
 Each row comes from the field itself: its name (the CLI flag `HfArgumentParser` makes of it), its
 type and default, its `choices`, and its `help` string. tests/test_flags_doc.py fails when the
@@ -21,7 +21,7 @@ from hf_selective_backprop import SelectiveBackpropArguments, SelectiveBackpropC
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 PAGE = os.path.join(ROOT, "docs", "flags.md")
-COMMAND = "python scripts/gen_flags_doc.py"
+COMMAND = "python tools/gen_flags_doc.py"
 
 INTRO = f"""# Flags: every field `SelectiveBackpropConfig` adds to `TrainingArguments`
 

@@ -13,6 +13,9 @@
 #   lr-long   Traditional, seed 0, $LONG_EPOCHS epochs, at each of $LONG_LRS: the longer run's rate chosen again
 #   long      seeds $LONG_SEEDS, $LONG_EPOCHS epochs: Traditional and $LONG_FRONTIER, each with its control
 #   report    each schedule's frontier report (report.md, frontier.png)
+#   sst2      does the setting transfer? $TRANSFER on run_finetune_text.sh's SST-2 fine-tuning (its stand-in, its
+#             learning rate, its 2 epochs), seeds $TRANSFER_SEEDS, each beside its control; then its frontier report
+#   sft       the same on run_finetune_sft.sh's SFT workload (TRL's SFTTrainer, validation loss), then its report
 # Every run is a process of its own, skipped when its <strategy>.json exists: killing this and starting it again goes
 # on where it stopped (the run in progress starts over). Timing is the point: run it on an otherwise idle machine.
 # BENCH_LOCK=<file>: each run holds that file's lock (flock(1)) while it runs, so that a job started with
@@ -45,6 +48,14 @@ sb-keep0.5 sb-weighted-keep0.5 stale-sb-n2-keep0.5 stale-sb-n2-keep0.67 stale-sb
 composer-card}
 FRONTIER=${FRONTIER:-$SWEEP}
 LONG_FRONTIER=${LONG_FRONTIER:-infobatch infobatch-r0.7 stale-sb-n2-keep0.5}
+# Each family's best lossless setting on the image frontier, tried on the text workloads.
+TRANSFER=${TRANSFER:-infobatch-r0.3 stale-sb-n2-keep0.67}
+TRANSFER_SEEDS=${TRANSFER_SEEDS:-0 1 2}
+SST2=${SST2_RESULTS:-benchmarks/results/frontier-sst2}
+SFT=${SFT_RESULTS:-benchmarks/results/frontier-sst2-sft}
+SFT_TRAIN_SAMPLES=${SFT_TRAIN_SAMPLES:-8000}
+TEXT_PRETRAINED=$CACHE/bert-2x128-sst2-mlm-3-epochs
+SFT_PRETRAINED=$CACHE/gpt2-2x128-sst2-causal-3-epochs
 
 COMMON=(--dataset "$DATA/cifar10" --classes 5,6,7,8,9 --model_name_or_path "$PRETRAINED" --cutout 0
     --threads "$THREADS" --batch_size 128 --keep 0.3333333333 --staleness 3 "${EXTRA[@]}")
@@ -59,12 +70,38 @@ runs() {  # FOLDER SEED EPOCHS LR NAME...: each NAME whose log is missing, one p
     done
 }
 
+text_runs() {  # FOLDER SEED NAME...: the SST-2 fine-tuning of run_finetune_text.sh, one process each
+    local FOLDER=$1 SEED=$2
+    shift 2
+    for NAME in "$@"; do
+        [[ -f $FOLDER/$NAME.json ]] && continue
+        "${LOCK[@]}" $PY benchmarks/benchmark_text.py --dataset "$DATA/sst2" --model_name_or_path "$TEXT_PRETRAINED" \
+            --threads "$THREADS" --num_train_epochs 2 --learning_rate "$(best_lr benchmarks/results/finetune-sst2/lr)" \
+            --keep 0.3333333333 --staleness 3 --seed "$SEED" --output_dir "$FOLDER" --strategies "$NAME" "${EXTRA[@]}"
+    done
+}
+
+sft_run() {  # FOLDER SEED FLAGS...: one run of run_finetune_sft.sh's SFT fine-tuning, skipped once it has ended
+    local FOLDER=$1 SEED=$2
+    shift 2
+    [[ -f $FOLDER/eval_results.json ]] && return
+    rm -rf "${FOLDER:?}"
+    OMP_NUM_THREADS=$THREADS "${LOCK[@]}" $PY scripts/train_sft.py --dataset "$DATA/sst2" \
+        --model_name_or_path "$SFT_PRETRAINED" --completion_from_label true --max_train_samples "$SFT_TRAIN_SAMPLES" \
+        --num_train_epochs 3 --learning_rate "$(lowest_loss_lr benchmarks/results/finetune-sst2-sft)" --seed "$SEED" \
+        --save_strategy no --eval_strategy no --disable_tqdm true --output_dir "$FOLDER" "${EXTRA[@]}" "$@"
+}
+
+backward_fraction() {  # RUN FOLDER of scripts/train_sft.py: backward passes per example read
+    $PY -c "import json, sys; s = json.load(open(sys.argv[1] + '/sb_stats.json')); print(s['backwards'] / s['examples_seen'])" "$1"
+}
+
 with_controls() {  # NAME...: traditional, then each NAME followed by its uniform control
     echo traditional
     for NAME in "$@"; do echo "$NAME uniform-for-$NAME"; done
 }
 
-for PART in ${PARTS:-pretrain sweep seeds lr-long long report}; do
+for PART in ${PARTS:-pretrain sweep seeds lr-long long report sst2 sft}; do
     case $PART in
     pretrain)
         PARTS=pretrain MODEL=$MODEL PRETRAINED=$PRETRAINED PRETRAIN_EPOCHS=$PRETRAIN_EPOCHS bash benchmarks/run_finetune.sh
@@ -94,6 +131,26 @@ for PART in ${PARTS:-pretrain sweep seeds lr-long long report}; do
             runs "$R/epochs$LONG_EPOCHS/seed$SEED" "$SEED" "$LONG_EPOCHS" "$LONG_LR" $(with_controls $LONG_FRONTIER)
         done
         ;;
+    sst2)
+        PRETRAINED=$TEXT_PRETRAINED PARTS=pretrain bash benchmarks/run_finetune_text.sh
+        for SEED in $TRANSFER_SEEDS; do
+            text_runs "$SST2/seed$SEED" "$SEED" $(with_controls $TRANSFER)
+        done
+        $PY benchmarks/frontier_report.py --root "$SST2" --target 1.2 \
+            --title "Does the setting transfer? SST-2 from a BERT 2x128 pretrained (masked LM) on its sentences, 2 epochs"
+        ;;
+    sft)
+        PRETRAINED=$SFT_PRETRAINED PARTS=pretrain bash benchmarks/run_finetune_sft.sh
+        for SEED in $TRANSFER_SEEDS; do
+            sft_run "$SFT/seed$SEED/none" "$SEED" --sb_strategy none
+            for NAME in $TRANSFER; do
+                sft_run "$SFT/seed$SEED/$NAME" "$SEED" $($PY benchmarks/strategy_flags.py "$NAME")
+                sft_run "$SFT/seed$SEED/uniform-for-$NAME" "$SEED" --sb_strategy uniform \
+                    --sb_keep "$(backward_fraction "$SFT/seed$SEED/$NAME")"
+            done
+        done
+        $PY benchmarks/sft_report.py --root "$SFT" --target 1.2 | tee "$SFT/report.md"
+        ;;
     report)
         for RUN_EPOCHS in $EPOCHS $LONG_EPOCHS; do
             [[ -d $R/epochs$RUN_EPOCHS ]] || continue
@@ -102,7 +159,7 @@ for PART in ${PARTS:-pretrain sweep seeds lr-long long report}; do
         done
         ;;
     *)
-        echo "unknown part $PART: pretrain, sweep, seeds, lr-long, long or report" >&2
+        echo "unknown part $PART: pretrain, sweep, seeds, lr-long, long, report, sst2 or sft" >&2
         exit 2
         ;;
     esac

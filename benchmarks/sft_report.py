@@ -26,9 +26,11 @@ def main() -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--runs", nargs="+", help="Run folders; the first is the baseline.")
     source.add_argument("--root", help="A folder of seed*/ folders of runs, each seed's Traditional run in none/.")
+    parser.add_argument("--target", type=float, default=1.3,
+                        help="With --root: the speedup the fine-tuning target asks for (default 1.3).")
     args = parser.parse_args()
     if args.root:
-        print(render_seeds(load_seeds(args.root)))
+        print(render_seeds(load_seeds(args.root), args.target))
     else:
         print(render([(os.path.basename(os.path.normpath(folder)), load_run(folder)) for folder in args.runs]))
 

@@ -132,3 +132,13 @@ def test_an_image_run_measures_its_fit_of_the_first_training_rows_at_every_evalu
         for share in ("train_accuracy", "train_low_loss_share", "train_below_first_median_share"):
             assert entry[share] * 20 == pytest.approx(round(entry[share] * 20))
     assert log["evals"][0]["train_below_first_median_share"] == pytest.approx(9 / 20)
+
+
+def test_a_strategy_name_becomes_the_trainer_flags_a_script_takes():
+    from strategy_flags import flags
+
+    assert flags("stale-sb-n2-keep0.5") == ["--sb_strategy", "sb", "--sb_keep", "0.5", "--sb_staleness", "2"]
+    assert flags("sb-weighted-keep0.5")[-2:] == ["--sb_importance_weighting", "true"]
+    assert flags("traditional") == ["--sb_strategy", "none"]
+    with pytest.raises(ValueError, match="realised"):
+        flags("uniform-for-sb")

@@ -4,7 +4,8 @@ Each rank streams its own share (``datasets.distributed.split_dataset_by_node``)
 ``--mode first`` trains the uninterrupted run, then the same run with a checkpoint every 5 steps;
 ``--mode resume`` resumes the second from its first checkpoint inside a stale pass; ``--mode strategies``
 trains InfoBatch and RHO-LOSS (a reference model scoring each rank's share). Each writes
-``<out>/rank{r}.pt``: the weights, the summed counters, the store and the ids this rank trained.
+``<out>/rank{r}.pt``: the weights, the summed counters, the store, the ids this rank trained and the ranks'
+records of their collectives compared (`collective_log.CollectiveLog`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import os
 
 import torch
+from collective_log import CollectiveLog
 from datasets import load_dataset
 from datasets.distributed import split_dataset_by_node
 from tiny import TinyClassifier, make_config  # beside this file: the script's sys.path[0]
@@ -63,6 +65,7 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     parser.add_argument("--mode", choices=["first", "resume", "strategies"], required=True)
     options = parser.parse_args()
+    log = CollectiveLog("cpu").install()
     partial = os.path.join(options.out, "..", "partial")
     if options.mode == "strategies":
         results = {}
@@ -78,6 +81,7 @@ def main() -> None:
                 "irreducible": None if irreducible is None else irreducible.losses.clone(),
                 "weights": trainer.weights_seen,
             }
+        results["collectives"] = log.compare()
         torch.save(results, os.path.join(options.out, f"rank{trainer.args.process_index}.pt"))
         exit_after_results()
     if options.mode == "first":
@@ -91,6 +95,7 @@ def main() -> None:
         "store": trainer.engine.store.losses.clone(),
         "ids": trainer.trained_ids,
         "step": trainer.state.global_step,
+        "collectives": log.compare(),
     }
     torch.save(result, os.path.join(options.out, f"rank{trainer.args.process_index}.pt"))
     exit_after_results()

@@ -229,7 +229,7 @@ def _nccl(out, args: list[str]) -> list[dict]:
 
 @two_gpus
 def test_two_gpus_rholoss_reference_pass_ends_together(tmp_path):
-    """Shares of 34 and 33 rows (even_batches=False): the reference pass reads 5 batches on one rank, 4 on the other."""
+    """67 rows in reference batches of 8, even_batches=False: the pass reads 5 batches on rank 0, 4 on rank 1."""
     ranks = _nccl(tmp_path, ["--strategy", "rholoss", "--reference", "--keep", "0.5", "--examples", "67",
                              "--batch", "4", "--uneven-batches"])
     _same_irreducible(ranks, 67)

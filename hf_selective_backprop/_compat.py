@@ -194,6 +194,31 @@ def output_dir(trainer, trial) -> str:
     return trainer._get_output_dir(trial)
 
 
+# ---- models ----------------------------------------------------------------------------------------
+
+
+@contextmanager
+def whole_weights():
+    """Inside it, ``from_pretrained`` loads whole weights even while a DeepSpeed ZeRO-3 config is in effect.
+
+    transformers partitions every model it loads while ``is_deepspeed_zero3_enabled()``, which reads a weak
+    reference that ``TrainingArguments`` with a ZeRO-3 ``deepspeed`` config sets (the public
+    ``unset_hf_deepspeed_config`` clears it; only the private reference can be read to restore it).
+    """
+    from transformers.integrations import deepspeed as hf_deepspeed
+
+    reference = hf_deepspeed._hf_deepspeed_config_weak_ref
+    config = reference() if reference is not None else None
+    if config is None:
+        yield
+        return
+    hf_deepspeed.unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        hf_deepspeed.set_hf_deepspeed_config(config)
+
+
 # ---- run length and schedule -----------------------------------------------------------------------
 
 

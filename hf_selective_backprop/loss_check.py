@@ -12,6 +12,7 @@ import torch
 from transformers.trainer_utils import has_length
 
 from . import _compat
+from .engine import distributed
 from .engine.data_state import stateful_sources
 from .engine.engine import check_rows
 from .losses import check_per_example_loss
@@ -29,11 +30,13 @@ def check_on_first_rows(trainer) -> None:
     dataset = trainer.train_dataset
     if isinstance(dataset, torch.utils.data.IterableDataset) or not has_length(dataset) or len(dataset) == 0:
         return
-    if any(hasattr(parameter, "ds_id") for parameter in trainer.model.parameters()):
-        # Loaded under ZeRO-3 (zero.Init): each rank holds a shard of the weights, and a forward before
-        # DeepSpeed's engine exists cannot gather them. Gathering them here would need the whole model on one
-        # device, what ZeRO-3 avoids.
-        logger.info("weights partitioned by ZeRO-3: the per-example loss is not checked against the model's loss")
+    # DeepSpeed and FSDP place the model when training starts: a forward now would meet weights on the host beside
+    # rows on the device, or ZeRO-3 shards that only DeepSpeed's engine gathers (gathering them here would need
+    # the whole model on one device, what ZeRO-3 avoids).
+    unplaced = distributed.why_unplaced(trainer.model, trainer.args.device)
+    if unplaced is not None:
+        logger.warning("the automatic per-example loss is not checked against %s's own loss when the trainer is "
+                       "built: %s", type(trainer.model).__name__, unplaced)
         return
 
     def first_rows() -> dict:

@@ -23,6 +23,8 @@ import time
 
 from accelerate import PartialState
 
+from .engine import distributed
+
 logger = logging.getLogger(__name__)
 
 #: In the output folder while a run writes it. The leading underscore keeps it out of the Trainer's
@@ -32,15 +34,21 @@ LOCK_FILE = "_sb_run.lock"
 
 @contextlib.contextmanager
 def claimed(output_dir: str):
-    """Hold ``output_dir`` for the duration (the main process claims it; the others rely on that)."""
-    if not PartialState().is_main_process:
-        yield
-        return
-    lock = _claim(output_dir)
+    """Hold ``output_dir`` for the duration (the main process claims it; the others rely on that, and raise its
+    refusal with it: on their own they would go on and wait in their first collective until its timeout)."""
+    state = PartialState()
+    lock = refusal = None
+    if state.is_main_process:
+        try:
+            lock = _claim(output_dir)
+        except (ValueError, OSError) as error:
+            refusal = error
+    distributed.fail_together(state, refusal)
     try:
         yield
     finally:
-        _release(lock)
+        if lock is not None:
+            _release(lock)
 
 
 def _claim(output_dir: str) -> tuple[str, int]:

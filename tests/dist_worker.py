@@ -21,7 +21,10 @@ from a generator of its own on each rank (a resumed run must restore it to conti
 the dataset itself augments, as ``scripts/train.py`` serves CIFAR (`tiny.make_image_dataset`), with
 the cross-entropy of its logits: selection then depends on each rank's BatchNorm statistics.
 ``--text`` trains a tiny BERT classifier instead, on tokenized sentences of 3 to 32 tokens padded
-by `DataCollatorWithPadding`, with the model's own loss (``--loss`` is ignored).
+by `DataCollatorWithPadding`, with the model's own loss (``--loss`` is ignored); with ``--pretrained DIR`` the model
+is loaded with ``from_pretrained`` and scored against ``--sb_reference_model DIR/reference`` (`save_pretrained_pair`).
+``--check-collectives`` records every collective of the run and compares the ranks' records
+(`collective_log.CollectiveLog`); `run` is the training itself, which `tests/collective_worker.py` repeats.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 import user_strategy  # noqa: F401  (registers --sb_strategy easiest, defined outside the package; beside this file)
+from collective_log import CollectiveLog
 from datasets import Dataset
 from text_tiny import NEGATIVE, POSITIVE, bert_config, word_tokenizer
 from tiny import TinyConv, make_image_dataset
@@ -220,7 +224,17 @@ def full_weights(trainer) -> dict:
         return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
 
 
-def main() -> None:
+def save_pretrained_pair(folder) -> None:
+    """A tiny BERT classifier to train (``folder/model``) and another as its RHO-LOSS reference
+    (``folder/reference``), saved as ``save_pretrained`` writes them, for ``--pretrained folder``."""
+    _, tokenizer = make_text_dataset(8)
+    config_of_model = bert_config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+    for name, seed in (("model", 0), ("reference", 1)):
+        torch.manual_seed(seed)
+        BertForSequenceClassification(config_of_model).save_pretrained(os.path.join(folder, name))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True, help="folder for rank{rank}.pt and the Trainer's output_dir")
     parser.add_argument("--loss", choices=["ce", "uneven", "id", "id-nan"], default="ce")
@@ -233,11 +247,15 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=1024)
     parser.add_argument("--scope", choices=["global", "local"], default="global")
     parser.add_argument("--staleness", type=int, default=1)
+    parser.add_argument("--interrupt", type=int, default=0, help="--sb_interrupt (no epoch is planned then)")
     parser.add_argument("--save-steps", type=int, default=0)
     parser.add_argument("--drop-last", action="store_true", help="dataloader_drop_last")
     parser.add_argument("--resume", default=None)
     parser.add_argument("--augment", action="store_true")
     parser.add_argument("--text", action="store_true", help="a tiny BERT on padded sentences of varying length")
+    parser.add_argument("--pretrained", default=None,
+                        help="with --text: train DIR/model (from_pretrained) against --sb_reference_model "
+                             "DIR/reference (save_pretrained_pair)")
     parser.add_argument("--reference", action="store_true", help="'rholoss': a second TinyMLP as reference model")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: one GPU per process (NCCL)")
     parser.add_argument("--images", action="store_true", help="a conv net with BatchNorm on augmented tiny images")
@@ -246,8 +264,13 @@ def main() -> None:
     parser.add_argument("--split-batches", action="store_true", help="accelerator_config split_batches=True")
     parser.add_argument("--budget", type=float, default=None, help="--sb_budget")
     parser.add_argument("--uneven-batches", action="store_true", help="accelerator_config even_batches=False")
-    args = parser.parse_args()
+    parser.add_argument("--check-collectives", action="store_true",
+                        help="record every collective (tests/collective_log.py) and compare the ranks' records")
+    return parser.parse_args(argv)
 
+
+def run(args: argparse.Namespace) -> dict:
+    """Train as ``args`` say; what the tests compare between ranks."""
     rank = int(os.environ.get("RANK", "0"))
     config = SelectiveBackpropConfig(
         output_dir=os.path.join(args.out, "trainer"),
@@ -270,7 +293,9 @@ def main() -> None:
         sb_history_size=args.history,
         sb_history_scope=args.scope,
         sb_staleness=args.staleness,
+        sb_interrupt=args.interrupt,
         sb_budget=args.budget,
+        sb_reference_model=os.path.join(args.pretrained, "reference") if args.pretrained else None,
         deepspeed=deepspeed_config(args.zero) if args.zero else None,
         fsdp="full_shard" if args.fsdp else None,
         fsdp_config={"version": 2} if args.fsdp else None,
@@ -279,8 +304,11 @@ def main() -> None:
     torch.manual_seed(0)
     if args.text:
         dataset, tokenizer = make_text_dataset(args.examples)
-        config_of_model = bert_config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
-        model = BertForSequenceClassification(config_of_model)
+        if args.pretrained:  # after the config: under a ZeRO-3 one, from_pretrained partitions the model
+            model = BertForSequenceClassification.from_pretrained(os.path.join(args.pretrained, "model"))
+        else:
+            config_of_model = bert_config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
+            model = BertForSequenceClassification(config_of_model)
         collator, loss_func = DataCollatorWithPadding(tokenizer), None
     elif args.images:
         model, dataset = TinyConv(batch_norm=True), make_image_dataset(args.examples)
@@ -304,6 +332,7 @@ def main() -> None:
     assert rank == trainer.args.process_index
 
     history = getattr(trainer.selector, "history", None)
+    irreducible = trainer.engine.irreducible
     result = {
         "rank": rank,
         "world_size": trainer.accelerator.num_processes,
@@ -323,7 +352,7 @@ def main() -> None:
         "rows_per_epoch": trainer._run_length.rows_per_epoch,
         "warnings": [str(w.message) for w in caught],
         "augmentation": collator.transform.generator.get_state() if args.augment else None,
-        "irreducible": trainer.engine.irreducible.losses if args.reference else None,
+        "irreducible": None if irreducible is None else irreducible.losses,
         "budget": None if trainer.engine.budget is None else trainer.engine.budget.state_dict(),
         "budget_spent": trainer.engine.budget_spent,
     }
@@ -331,6 +360,18 @@ def main() -> None:
         result["augmentation"] = dataset.transform.generator.get_state()
     if not (args.text or args.images):
         result["weighted_loss"] = weighted_loss_check(trainer, dataset, rank)  # after the store is copied
+    return result
+
+
+def main() -> None:
+    args = parse_args()
+    log = CollectiveLog(torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}") if args.device == "cuda" else "cpu")
+    if args.check_collectives:
+        log.install()
+    result = run(args)
+    if args.check_collectives:
+        result["collectives"] = log.compare()
+    rank = result["rank"]
     os.makedirs(args.out, exist_ok=True)
     torch.save(result, os.path.join(args.out, f"rank{rank}.pt"))
     digest = hashlib.sha256(b"".join(v.numpy().tobytes() for v in result["weights"].values())).hexdigest()

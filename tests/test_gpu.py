@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch import launch
+from launch import launch, run
+from test_streams import write_parquet
 from tiny import TinyClassifier, TinyConv, make_config, make_dataset, make_image_dataset
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -177,18 +178,40 @@ def test_resume_on_cuda_continues_bit_for_bit(output_dir):
     assert get_last_checkpoint(output_dir + "-resumed") is not None
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+
+
+def _same_collectives(ranks: list[dict]) -> None:
+    """Every rank issued the same collectives, of the same shapes, every tensor on its GPU (--check-collectives)."""
+    report = ranks[0]["collectives"]
+    assert report["first_difference"] is None, report["first_difference"]
+    assert [rank["collectives"]["misplaced"] for rank in ranks] == [[], []]
+
+
+def _same_weights(ranks: list[dict]) -> bool:
+    return all(torch.equal(value, ranks[1]["weights"][name]) for name, value in ranks[0]["weights"].items())
+
+
+def _same_irreducible(ranks: list[dict], rows: int) -> None:
+    """Every rank holds every example's irreducible loss, scored once by the ranks together."""
+    assert ranks[0]["sb_stats"]["reference_forwards"] == rows
+    table = ranks[0]["irreducible"]
+    assert table.numel() == rows and torch.isfinite(table).all() and torch.equal(table, ranks[1]["irreducible"])
+
+
+@two_gpus
 def test_two_processes_stay_in_lockstep_under_nccl(tmp_path):
     command = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
         str(ROOT / "tests" / "dist_worker.py"), "--out", str(tmp_path), "--device", "cuda", "--loss", "uneven",
-        "--staleness", "2", "--epochs", "3",
+        "--staleness", "2", "--epochs", "3", "--check-collectives",
     ]
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
     result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert "backend=nccl" in result.stdout
+    _same_collectives(ranks)
     assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
     # Rank 1's losses are shifted up, so it keeps more, yet both ranks stepped together.
     assert ranks[1]["stats"]["kept"] > ranks[0]["stats"]["kept"]
@@ -197,8 +220,100 @@ def test_two_processes_stay_in_lockstep_under_nccl(tmp_path):
     assert torch.equal(ranks[0]["store"]["losses"].nan_to_num(-1), ranks[1]["store"]["losses"].nan_to_num(-1))
 
 
+def _nccl(out, args: list[str]) -> list[dict]:
+    """tests/dist_worker.py on two GPUs, one process each, every collective recorded."""
+    ranks = launch(out, ["--device", "cuda", "--check-collectives", *args])
+    _same_collectives(ranks)
+    return ranks
+
+
+@two_gpus
+def test_two_gpus_rholoss_reference_pass_ends_together(tmp_path):
+    """67 rows in reference batches of 8, even_batches=False: the pass reads 5 batches on rank 0, 4 on rank 1."""
+    ranks = _nccl(tmp_path, ["--strategy", "rholoss", "--reference", "--keep", "0.5", "--examples", "67",
+                             "--batch", "4", "--uneven-batches"])
+    _same_irreducible(ranks, 67)
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0 and _same_weights(ranks)
+
+
+GPU_STALE = ["--loss", "id", "--staleness", "2", "--scope", "local", "--epochs", "4", "--batch", "4", "--grad-accum",
+             "2", "--save-steps", "7"]
+
+
+@two_gpus
+def test_two_gpus_save_a_checkpoint_and_resume_it(tmp_path):
+    """Stale-SB with losses that are a function of the id (selection does not depend on float rounding): a run
+    resumed from step 7, inside a stale epoch, ends as the uninterrupted run."""
+    finished = _nccl(tmp_path / "finished", GPU_STALE)
+    checkpoint = tmp_path / "finished" / "trainer" / "checkpoint-7"
+    assert {"sb_state.pt", "sb_rank_state_0.pt", "sb_rank_state_1.pt"} <= {p.name for p in checkpoint.iterdir()}
+    resumed = _nccl(tmp_path / "resumed", [*GPU_STALE, "--resume", str(checkpoint)])
+    for theirs, ours in zip(finished, resumed, strict=True):
+        assert ours["global_step"] == theirs["global_step"] > 7
+        assert ours["restored"]["epoch"] == 1  # a stale epoch
+        assert torch.equal(ours["store"]["losses"].nan_to_num(-1), theirs["store"]["losses"].nan_to_num(-1))
+        counters = ("examples_seen", "kept", "backwards", "selection_forwards", "stale_lookups")
+        assert {k: ours["stats"][k] for k in counters} == {k: theirs["stats"][k] for k in counters}
+        for name, value in theirs["weights"].items():
+            torch.testing.assert_close(ours["weights"][name], value)
+    assert _same_weights(resumed)
+
+
+@two_gpus
+def test_two_gpus_end_a_budget_run_at_the_same_step(tmp_path):
+    ranks = _nccl(tmp_path, ["--strategy", "sb", "--budget", "0.5", "--epochs", "4", "--examples", "128"])
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0 and _same_weights(ranks)
+    assert ranks[0]["budget_spent"] == ranks[1]["budget_spent"] > 0  # summed over ranks: one figure
+    assert ranks[0]["budget"] == ranks[1]["budget"]
+
+
+@two_gpus
+@pytest.mark.parametrize("mode", ["first", "strategies"])
+def test_two_gpus_stream_their_shares(tmp_path, mode):
+    """Each rank streams its share: Stale-SB with its stored losses looked up batch by batch ("first"), InfoBatch
+    deciding rows from the store, and RHO-LOSS scoring each share with the reference ("strategies")."""
+    out = tmp_path / mode
+    out.mkdir()
+    ranks = launch(out, ["--data", write_parquet(tmp_path, rows=64), "--mode", mode, "--device", "cuda"],
+                   worker=ROOT / "tests" / "stream_worker.py")
+    _same_collectives(ranks)
+    runs = [(rank["params"],) for rank in ranks] if mode == "first" else [
+        (rank["infobatch"]["params"], rank["rholoss"]["params"]) for rank in ranks]
+    for ours, theirs in zip(*runs, strict=True):
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    if mode == "strategies":
+        irreducible = [rank["rholoss"]["irreducible"] for rank in ranks]
+        assert irreducible[0].numel() == 64 and torch.equal(irreducible[0], irreducible[1])
+
+
+@two_gpus
+@pytest.mark.parametrize("stage, model, unplaced", [
+    ("2", ["--reference"], "its weights are on cpu and the rows on cuda"),
+    ("3", ["--text", "--pretrained"], "its weights are partitioned by DeepSpeed ZeRO-3"),
+], ids=["zero2", "zero3"])
+def test_two_gpus_rholoss_under_deepspeed(tmp_path, stage, model, unplaced):
+    """The reference pass runs before DeepSpeed places the trained model: on the host (ZeRO-2), or partitioned
+    (ZeRO-3, loaded with from_pretrained under the config), so its first-batch check is skipped with the reason in
+    the log; --sb_reference_model comes back whole under ZeRO-3, and each rank scores its share with it."""
+    pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
+    from dist_worker import save_pretrained_pair
+
+    if "--pretrained" in model:
+        save_pretrained_pair(tmp_path / "pretrained")
+        model = [*model, str(tmp_path / "pretrained")]
+    args = ["--device", "cuda", "--check-collectives", "--strategy", "rholoss", "--keep", "0.5", "--examples", "64",
+            "--batch", "4", "--zero", stage, *model]
+    code, output = run(tmp_path / "run", args)
+    assert code == 0, output[-4000:]
+    assert f"its logits are not compared with those of the model being trained before scoring: {unplaced}" in output
+    ranks = [torch.load(tmp_path / "run" / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
+    _same_collectives(ranks)
+    _same_irreducible(ranks, 64)
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0 and _same_weights(ranks)
+
+
 SHARDED_STALE = ["--device", "cuda", "--strategy", "sb", "--staleness", "2", "--loss", "id", "--epochs", "4",
-                 "--examples", "67", "--batch", "4", "--drop-last"]
+                 "--examples", "67", "--batch", "4", "--drop-last", "--check-collectives"]
 
 
 @pytest.mark.parametrize("sharding", [["--fsdp"], ["--zero", "3"]], ids=["fsdp2", "zero3"])
@@ -210,6 +325,7 @@ def test_sharded_stale_sb_through_the_trainer_on_cuda(tmp_path, sharding):
     ranks = launch(tmp_path, [*SHARDED_STALE, *sharding], processes=processes)
     expected = "DistributedType.FSDP" if sharding[0] == "--fsdp" else "DistributedType.DEEPSPEED"
     assert [r["distributed_type"] for r in ranks] == [expected] * processes
+    assert ranks[0]["collectives"]["first_difference"] is None and not any(r["collectives"]["misplaced"] for r in ranks)
     assert ranks[0]["global_step"] > 0
     for rank in ranks[1:]:
         assert rank["weights"].keys() == ranks[0]["weights"].keys()

@@ -155,3 +155,12 @@ def test_the_fake_device_sees_a_blocking_copy():
         "data-dependent size: boolean mask in __getitem__",
         "to host: __int__",
     ]
+
+
+def test_to_host_takes_one_row_of_a_gathered_column():
+    # One rank's row of gather_pairs' (rows, 2) result has stride 2: view(dtype) needs stride 1.
+    rows = torch.tensor([[3.0, 0.25]], dtype=torch.float64)
+    ids, losses = rows[:, 0].to(torch.int64), rows[:, 1].to(torch.float32)
+    assert losses.stride() == (2,)
+    copied = transfer.to_host(ids, losses)
+    assert copied[0].tolist() == [3] and copied[1].tolist() == [0.25]

@@ -1,7 +1,11 @@
 """Model outputs the automatic per-example loss reads (tuples, dicts) and the ones it refuses at construction."""
 
+import logging
+
 import pytest
 import torch
+from datasets import Dataset
+from text_tiny import padded_batch, sequence_classifier
 from tiny import FEATURES, TinyClassifier, make_config, make_dataset
 from torch import nn
 from transformers import default_data_collator
@@ -72,6 +76,26 @@ def test_outputs_the_automatic_loss_does_not_fit_are_refused_at_construction(out
     )
     trainer.train()
     assert trainer.sb_stats["backwards"] > 0
+
+
+def sentences(n: int = 8) -> Dataset:
+    columns = {name: values.tolist() for name, values in padded_batch([6] * n).items()}
+    return Dataset.from_dict({**columns, "labels": [i % 2 for i in range(n)]}).with_format("torch")
+
+
+@pytest.mark.parametrize("model, data, kind", [
+    (TinyClassifier, make_dataset, "TinyClassifier"),  # was refused, blaming per_example_loss_func
+    (sequence_classifier, sentences, "BertForSequenceClassification"),  # was not checked, without a word
+])
+def test_the_construction_check_says_when_and_why_it_is_skipped(output_dir, caplog, model, data, kind):
+    """Under DeepSpeed or FSDP on GPUs the model stays on the host until training starts, while the rows the check
+    scores are prepared on the GPU (here: the model on another device than the rows)."""
+    trainer = SelectiveBackpropTrainer(model=model(), train_dataset=data(8), args=make_config(output_dir))
+    trainer.model.to("meta")
+    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.loss_check"):
+        loss_check.check_on_first_rows(trainer)
+    assert (f"the automatic per-example loss is not checked against {kind}'s own loss when the trainer is built: "
+            "its weights are on meta and the rows on cpu until training starts") in caplog.text
 
 
 def test_a_regression_module_with_float_labels_is_scored_by_squared_error(output_dir):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 
 import pytest
 import torch
@@ -294,6 +295,31 @@ def test_a_reference_module_with_other_outputs_fails_before_the_first_step(outpu
     with pytest.raises(ValueError, match=r"reference_model outputs logits of shape \(4,\) .* \(3,\)"):
         trainer.train()
     assert trainer.state.global_step == 0
+
+
+def _partitioned(model: nn.Module) -> nn.Module:
+    for parameter in model.parameters():
+        parameter.ds_id = 0  # what DeepSpeed's zero.Init marks a ZeRO-3 partition with
+    return model
+
+
+@pytest.mark.parametrize("unplaced, reason", [
+    (lambda model: model.to("meta"), "its weights are on meta and the rows on cpu until training starts"),
+    (_partitioned, "its weights are partitioned by DeepSpeed ZeRO-3"),
+])
+def test_the_first_batch_check_is_skipped_with_its_reason_while_the_model_is_not_placed(output_dir, caplog, unplaced,
+                                                                                        reason):
+    """DeepSpeed and FSDP place the trained model when training starts, after the reference pass: until then its
+    weights are on the host beside rows on the GPU (here: on another device than the rows), or ZeRO-3 shards."""
+    reference = TinyClassifier(seed=3)
+    trainer = _trainer(output_dir, make_dataset(16), reference)
+    unplaced(trainer.model)
+    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.engine.reference"):
+        scored = reference_module.compute(trainer, reference, "reference_model")
+    assert f"reference_model: its logits are not compared with those of the model being trained before scoring: " \
+           f"{reason}" in caplog.text
+    assert scored.forwards == 16
+    assert torch.allclose(scored.table.lookup(torch.arange(16)), _losses(reference, make_dataset(16)), atol=1e-6)
 
 
 # ---- the workflow: a reference trained on a holdout, a main run on the rest ---------------------

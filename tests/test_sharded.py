@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from dist_worker import save_pretrained_pair
 from launch import ROOT, launch, run
 from torch.utils.cpp_extension import get_default_build_root
 
@@ -113,6 +114,28 @@ def test_presampling_and_reference_strategies_keep_ranks_in_lockstep(tmp_path, s
     assert _same_weights(ranks[0]["weights"], ranks[1]["weights"])
     assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
     assert sum(r["stats"]["selection_forwards"] for r in ranks) > 0
+
+
+@needs_deepspeed
+def test_zero3_loads_the_reference_model_whole_and_checks_no_partitioned_model(tmp_path):
+    """A ZeRO-3 config partitions every model from_pretrained loads: the trained model (as the scripts load it), whose
+    construction check and reference pass's first-batch check are then skipped with the reason in the log, and,
+    unless loaded whole, the --sb_reference_model that each rank runs alone."""
+    save_pretrained_pair(tmp_path / "pretrained")
+    out = tmp_path / "run"
+    code, output = run(out, ["--text", "--pretrained", str(tmp_path / "pretrained"), "--strategy", "rholoss", "--keep",
+                             "0.5", "--examples", "32", "--batch", "4", "--epochs", "1", "--zero", "3"])
+    assert code == 0, output[-4000:]
+    ranks = [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
+    partitioned = "its weights are partitioned by DeepSpeed ZeRO-3"
+    assert (f"is not checked against BertForSequenceClassification's own loss when the trainer is built: "
+            f"{partitioned}") in output
+    assert f"its logits are not compared with those of the model being trained before scoring: {partitioned}" in output
+    assert ranks[0]["sb_stats"]["reference_forwards"] == 32
+    irreducible = [rank["irreducible"] for rank in ranks]
+    assert torch.isfinite(irreducible[0]).all() and torch.equal(irreducible[0], irreducible[1])
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
+    assert _same_weights(ranks[0]["weights"], ranks[1]["weights"])
 
 
 def test_fsdp2_ranks_scoring_different_rows_stay_in_lockstep(tmp_path):

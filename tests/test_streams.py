@@ -192,6 +192,8 @@ def test_two_processes_stream_their_shares_in_lockstep(tmp_path):
     first = results["first"]
     for ours, theirs in zip(first[0]["params"], first[1]["params"], strict=True):
         assert torch.equal(ours, theirs)  # same weights on both ranks
+    for result in first + results["resume"]:  # the same collectives on both ranks, every tensor on the device
+        assert result["collectives"]["first_difference"] is None and result["collectives"]["misplaced"] == []
     assert first[0]["step"] == first[1]["step"] == 16
     assert first[0]["stats"]["stale_lookups"] > 0
     assert first[0]["store"].numel() == 64 and bool(torch.isfinite(first[0]["store"]).all())
@@ -209,6 +211,8 @@ def test_two_processes_stream_their_shares_under_infobatch_and_rholoss(tmp_path)
     """InfoBatch (each rank prunes its rows by the one store's mean) and RHO-LOSS (the reference scores each
     rank's share once, in lockstep, and both ranks hold every id's irreducible loss) on split streams."""
     ranks = _launch_stream_worker(tmp_path, write_parquet(tmp_path, rows=64), "strategies")
+    report = ranks[0]["collectives"]  # the same collectives on both ranks, every tensor on the device
+    assert report["first_difference"] is None and [r["collectives"]["misplaced"] for r in ranks] == [[], []]
     for name in ("infobatch", "rholoss"):
         for ours, theirs in zip(ranks[0][name]["params"], ranks[1][name]["params"], strict=True):
             assert torch.equal(ours, theirs), name

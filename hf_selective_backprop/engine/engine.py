@@ -105,6 +105,8 @@ class SelectionEngine:
         self.epoch_without_step = False
         self.inputs_checked = False
         self._epoch_scored = self._epoch_nonfinite = 0
+        #: What the latest selection forward raised on this rank, until a gather carries it to every rank.
+        self._failure: ValueError | None = None
         #: Non-finite training-forward losses since the last optimizer step, counted on the device.
         self._training_nonfinite: torch.Tensor | None = None
 
@@ -574,6 +576,8 @@ class SelectionEngine:
         with self.stats.timer("selection_overhead_seconds"):
             stored, _ = self.store.lookup(host_ids)
             selection = self.selector.plan_rows(stored, self.generator, self.stream_rule, self.progress_now)
+        if self.accelerator.num_processes > 1:
+            check_plans_agree(self.selector, distributed.flags_of_every_rank(self.accelerator, selection is None))
         if selection is None:
             return False
         size = _batch_length(batch)
@@ -602,10 +606,13 @@ class SelectionEngine:
             population = None
             # A stream without ids gathers placeholder ids: only the losses are used then.
             ids = batch.get(self.index_column, torch.zeros(size, dtype=torch.int64))
+            failure, self._failure = self._failure, None
             if self.args.sb_history_scope == "global" and self.accelerator.num_processes > 1:
-                all_ids, population, mine = distributed.gather_pairs(self.accelerator, ids, losses)
+                all_ids, population, mine = distributed.gather_pairs(self.accelerator, ids, losses, failure)
                 ids, losses = all_ids[mine], population[mine]
                 population = self._ranked(all_ids, population)
+            elif failure is not None:
+                raise failure  # no gather follows to carry it to the other ranks (docs/distributed.md)
             elif self.selector.uses_reference_losses:
                 ids, losses = transfer.to_host(ids.to(torch.int64), losses)  # still one copy
             else:
@@ -657,30 +664,33 @@ class SelectionEngine:
         losses, _ = self.store.lookup(host_ids)
         unknown = torch.isnan(losses)
         self.stats.stale_lookups += size - int(unknown.sum())
-        scoring = bool(unknown.any())
-        if self.forwards_in_lockstep:
-            scoring = not distributed.all_true(self.accelerator, not scoring)
-        if scoring or self.accelerator.num_processes > 1:
-            # Examples never scored (e.g. new ids) still need one forward to be ranked. A rank without any
-            # joins the ranks that score them: in the store's collective, and in the forward if it must.
-            rows = transfer.to_device(unknown.nonzero().squeeze(1), ids.device)
-            fresh = self._score(_rows(batch, rows), ids[rows], model, loaded, forward=scoring)
-            losses[unknown] = transfer.to_host(fresh)[0]
+        # Examples never scored (e.g. new ids) still need one forward to be ranked. One all-reduce decides whether
+        # any rank has some: a rank without any then joins the ranks that score them, in the store's gather and
+        # (sharded weights) in the forward; when no rank has any, no rank gathers.
+        if distributed.all_true(self.accelerator, not bool(unknown.any())):
+            return losses
+        rows = transfer.to_device(unknown.nonzero().squeeze(1), ids.device)
+        fresh = self._score(_rows(batch, rows), ids[rows], model, loaded)
+        losses[unknown] = transfer.to_host(fresh)[0]
         return losses
 
-    def _score(
-        self, batch: dict, ids: torch.Tensor | None, model: torch.nn.Module, loaded: dict, forward: bool = True
-    ) -> torch.Tensor:
+    def _score(self, batch: dict, ids: torch.Tensor | None, model: torch.nn.Module, loaded: dict) -> torch.Tensor:
         """Losses of ``batch`` by a selection forward. A rank with no rows (another rank scores some) joins
-        the store's collective, and runs a forward on one row of ``loaded`` when ``forward`` and the weights
-        are sharded; its losses are dropped."""
+        the store's collective, and runs a forward on one row of ``loaded`` when the weights are sharded; its
+        losses are dropped.
+
+        A ValueError of the per-example loss (a class label out of range, on this rank's rows only) is carried
+        by the next gather of losses, so that every rank raises it (`distributed.gather_pairs`)."""
         size = _batch_length(batch)
         if size > 0:
             with self.stats.timer("selection_forward_seconds"):
-                losses = self.scorer(model, {k: v for k, v in batch.items() if k != self.index_column})
+                try:
+                    losses = self.scorer(model, {k: v for k, v in batch.items() if k != self.index_column})
+                except ValueError as error:
+                    self._failure, losses = error, torch.full((size,), float("nan"))
         else:
             losses = torch.zeros(0)
-            if forward and self.forwards_in_lockstep:
+            if self.forwards_in_lockstep:
                 with self.stats.timer("selection_forward_seconds"):
                     self.scorer(model, {k: v[:1] for k, v in loaded.items() if k != self.index_column})
                 self.stats.lockstep_forwards += 1
@@ -692,7 +702,8 @@ class SelectionEngine:
     def observe(self, ids: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
         """Store losses of every rank's examples, so each rank holds the same store (a collective); returns
         this rank's ``losses`` on the host."""
-        all_ids, all_losses, mine = distributed.gather_pairs(self.accelerator, ids, losses.detach())
+        failure, self._failure = self._failure, None
+        all_ids, all_losses, mine = distributed.gather_pairs(self.accelerator, ids, losses.detach(), failure)
         if self.sampler is None:  # a stream: ids size the store as they arrive
             streams.check_id_bound(all_ids, self.stats.examples_loaded, self.index_column)
         self.store.update(all_ids, all_losses, self.epoch)
@@ -703,6 +714,18 @@ class SelectionEngine:
 NONFINITE_CAUSE = (
     "The model's outputs are non-finite (diverged weights, a too-high learning rate, or broken inputs/labels)."
 )
+
+
+def check_plans_agree(selector: Selector, undecided: list[bool]) -> None:
+    """`Selector.plan_rows` must return None on every rank or on none: ranks that score a batch gather its losses,
+    and ranks that planned it would not join them."""
+    if len(set(undecided)) > 1:
+        ranks = [rank for rank, flag in enumerate(undecided) if flag]
+        raise ValueError(
+            f"{type(selector).__name__}.plan_rows returned None (score these rows) on rank(s) {ranks} of "
+            f"{len(undecided)} and a selection on the others: it must return None on every rank or on none, "
+            "deciding from the epoch's rule and the run's progress, which every rank shares"
+        )
 
 
 def model_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -10,6 +10,7 @@ checkpoint so a resumed run never scores it again.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from ..losses import logits_of, model_task, per_example_loss_for
 from . import distributed, streams
 from .indexing import IndexedDataset, ids_by_position, keeping_ids
 from .scoring import SelectionScorer
+
+logger = logging.getLogger(__name__)
 
 MODEL_FLAG = "--sb_reference_model"
 COLUMN_FLAG = "--sb_reference_column"
@@ -192,7 +195,8 @@ def load_reference_model(path: str) -> torch.nn.Module:
             "transformers does not provide; load the model yourself and pass "
             "SelectiveBackpropTrainer(reference_model=...)"
         )
-    return model_class.from_pretrained(path)
+    with _compat.whole_weights():  # each rank holds the whole reference, under a ZeRO-3 config too
+        return model_class.from_pretrained(path)
 
 
 def check_fits(reference: torch.nn.Module, model: torch.nn.Module, source: str) -> None:
@@ -276,24 +280,24 @@ def compute(trainer, reference: torch.nn.Module, source: str, loss_fn=None) -> R
         batches = iter(tqdm(loader, desc="Reference losses", disable=not args.should_log or args.disable_tqdm))
         while True:
             batch = next(batches, None)
-            if batch is None and not streams.is_stream(dataset):
+            # Ranks' shares end at different batches (a stream's, or map-style data with even_batches=False): a
+            # rank that is done joins the others' gathers with no rows, until every rank is done.
+            if distributed.all_true(accelerator, batch is None):
                 break
-            # Shares of a stream end at different batches: a rank that is done joins the others' gathers.
-            if streams.is_stream(dataset) and distributed.all_true(accelerator, batch is None):
-                break
+            failure = None
             if batch is None:
                 batch_ids, batch_losses = torch.zeros(0, dtype=torch.int64), torch.zeros(0)
-                all_ids, all_losses, _ = distributed.gather_pairs(accelerator, batch_ids, batch_losses)
-                ids.append(all_ids.cpu())
-                losses.append(all_losses.cpu())
-                continue
-            batch = dict(batch)
-            batch_ids = batch.pop(column)
-            if forwards == 0:
-                _check_first_batch(trainer, reference, batch, source)
-            batch_losses = _score(scorer, reference, batch, source)
-            forwards += batch_ids.shape[0]
-            all_ids, all_losses, _ = distributed.gather_pairs(accelerator, batch_ids, batch_losses)
+            else:
+                batch = dict(batch)
+                batch_ids = batch.pop(column)
+                try:
+                    if forwards == 0:
+                        _check_first_batch(trainer, reference, batch, source)
+                    batch_losses = _score(scorer, reference, batch, source)
+                except ValueError as error:  # this rank's rows only: the gather makes every rank raise it
+                    failure, batch_losses = error, torch.full((len(batch_ids),), float("nan"))
+                forwards += batch_ids.shape[0]
+            all_ids, all_losses, _ = distributed.gather_pairs(accelerator, batch_ids, batch_losses, failure)
             ids.append(all_ids.cpu())
             losses.append(all_losses.cpu())
     table = IrreducibleLosses.from_pairs(torch.cat(ids), torch.cat(losses))
@@ -326,9 +330,17 @@ def _loader(trainer, dataset) -> DataLoader:
 
 
 def _check_first_batch(trainer, reference: torch.nn.Module, batch: dict, source: str) -> None:
-    """The reference's outputs must have the trained model's shape (a plain module has no config to compare)."""
+    """The reference's outputs must have the trained model's shape (a plain module has no config to compare).
+
+    Skipped, with the reason in the log, while the trained model cannot run on the batch's device: DeepSpeed
+    and FSDP place it when training starts, after this pass."""
     inputs = {k: v for k, v in batch.items() if k != trainer.label_name}
     model = trainer.model
+    unplaced = distributed.why_unplaced(model, next(iter(inputs.values())).device)
+    if unplaced is not None:
+        logger.warning("%s: its logits are not compared with those of the model being trained before scoring: %s",
+                       source, unplaced)
+        return
     was_training = model.training
     model.eval()
     try:

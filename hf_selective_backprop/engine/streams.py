@@ -122,7 +122,20 @@ READ_BATCH = 4096
 
 def column_pairs(dataset, column: str, index_column: str, accelerator) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, values) of ``column`` over one pass of a stream, reading only the two columns; a split stream's
-    shares are gathered, so every rank holds every id's value."""
+    shares are gathered, so every rank holds every id's value, and a value missing from one rank's share
+    stops every rank."""
+    if not is_own_share(accelerator, dataset):
+        return _read_pairs(dataset, column, index_column)
+    failure = None
+    try:
+        ids, values = _read_pairs(dataset, column, index_column)
+    except ValueError as error:  # carried by the gather: the other ranks would wait in it
+        failure, ids, values = error, torch.empty(0, dtype=torch.int64), torch.empty(0)
+    ids, values, _ = distributed.gather_pairs(accelerator, ids, values, failure)
+    return ids, values
+
+
+def _read_pairs(dataset, column: str, index_column: str) -> tuple[torch.Tensor, torch.Tensor]:
     for name in (column, index_column):
         columns = getattr(dataset, "column_names", None)
         if columns is not None and name not in columns:
@@ -150,6 +163,4 @@ def column_pairs(dataset, column: str, index_column: str, accelerator) -> tuple[
             f"--sb_reference_column {column!r} holds NaN or inf at row(s) {rows} of the stream; irreducible "
             "losses must be finite"
         )
-    if is_own_share(accelerator, dataset):
-        ids, values, _ = distributed.gather_pairs(accelerator, ids.to(accelerator.device), values)
     return ids, values

@@ -34,9 +34,7 @@ def to_host(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         copied = dict(zip(on_device, to_host(*(tensors[i] for i in on_device)), strict=True))
         return tuple(copied.get(i, t.detach()) for i, t in enumerate(tensors))
     order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
-    # An empty tensor counts as contiguous whatever its strides, and view(dtype) refuses strides other than 1.
-    flat = [tensors[i].detach().reshape(-1).contiguous() if tensors[i].numel() else tensors[i].new_empty(0)
-            for i in order]
+    flat = [_flat(tensors[i]) for i in order]
     packed = torch.cat([t.view(torch.uint8) for t in flat]).cpu()
     out: list[torch.Tensor | None] = [None] * len(tensors)
     offset = 0
@@ -45,3 +43,12 @@ def to_host(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         out[i] = packed[offset : offset + size].view(t.dtype).reshape(tensors[i].shape)
         offset += size
     return tuple(out)
+
+
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` as one dimension of stride 1, which view(dtype) needs. An empty or one-element tensor counts as
+    contiguous whatever its strides (one row of a gathered column has stride 2), so contiguous() keeps them."""
+    if tensor.numel() == 0:
+        return tensor.new_empty(0)
+    flat = tensor.detach().reshape(-1).contiguous()
+    return flat if flat.stride(0) == 1 else flat.clone(memory_format=torch.contiguous_format)

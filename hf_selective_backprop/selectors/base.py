@@ -93,7 +93,13 @@ class Selector:
     ) -> Selection | None:
         """``plan_epoch``'s decision for the rows of one loaded batch of a stream, from their stored losses
         (NaN where none) and the epoch's ``rule``; ``progress`` is the run's share done. None: decide these
-        rows after scoring."""
+        rows after scoring.
+
+        On several processes every rank must answer None for a batch, or none may: ranks that score a batch
+        gather its losses, and a rank that planned it would not join them. Decide None from ``rule`` and
+        ``progress``, which every rank shares, not from the rows' losses, which differ between ranks. The engine
+        checks the ranks' answers together (one small gather per batch) and stops every rank, naming the ranks
+        that answered None, when they differ."""
         return None
 
     def expected_keep_fraction(self) -> float:

@@ -15,10 +15,11 @@ hidden during saves (`save_total_limit_hidden`, `hide_save_total_limit`).
 How ``compute_loss`` scales the loss over processes is mirrored by `TRAINER_LOSS_SCALE` and
 `SFT_LOSS_SCALE`, each checked against the upstream ``compute_loss`` when a trainer is built.
 
-Supported transformers releases: 5.17 to 5.24 (``pyproject.toml``). Every hook listed below exists with the
-same signature from 5.3 on; the differences the package meets there are `TRAINER_SCALE_DIVIDES_TP` (5.19)
-and `TRAINER_RESUMES_CPU_PROCESSES` (5.18). What stops the range lower, release by release (2026-11: the whole
-suite run on 5.3.0, 5.17.0 and 5.18.0; 5.4-5.16, 5.0-5.2 and 4.x read from their source):
+Supported transformers releases: 5.17 and newer (``pyproject.toml``); the newest the suite ran against is
+`NEWEST_TESTED`'s, and a newer one gets one warning (`warn_if_newer_than_tested`), not a refusal. Every hook
+listed below exists with the same signature from 5.3 on; the differences the package meets there are
+`TRAINER_SCALE_DIVIDES_TP` (5.19) and `TRAINER_RESUMES_CPU_PROCESSES` (5.18). What stops the range lower, release
+by release (2026-11: the whole suite run on 5.3.0, 5.17.0 and 5.18.0; 5.4-5.16, 5.0-5.2 and 4.x read from their source):
 
 - 5.17 and older: resuming a run of several processes on CPU fails where the Trainer itself reloads the
   optimizer, with or without selection: it loads the optimizer state onto ``args.device``, ``cpu:0`` in such a
@@ -40,6 +41,7 @@ suite run on 5.3.0, 5.17.0 and 5.18.0; 5.4-5.16, 5.0-5.2 and 4.x read from their
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -51,8 +53,29 @@ import torch
 import transformers
 from packaging.version import Version
 
+#: The newest transformers and TRL releases the suite was run against: `make test` pins them (the Makefile's
+#: NEWEST_PINS; tests/test_packaging.py checks that the two agree). The requirements set no upper bound, so that
+#: installing this package never downgrades either; a newer release may have changed the private surface below.
+NEWEST_TESTED = {"transformers": Version("5.24.0"), "trl": Version("1.16.0")}
+
+
+def warn_if_newer_than_tested(distribution: str, installed: str) -> None:
+    """Warn when ``installed``, the release of ``distribution`` (a `NEWEST_TESTED` key) that this process imported,
+    is newer than the newest the suite was run against. Called once, where the package imports it."""
+    newest = NEWEST_TESTED[distribution]
+    if Version(installed) > newest:
+        warnings.warn(
+            f"{distribution} {installed} is newer than the newest release hf-selective-backprop was tested with "
+            f"({newest}): the Trainer hooks it builds on may have changed. If a run fails or behaves differently, "
+            f"`pip install {distribution}=={newest}`.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+
 #: The installed transformers release, for the differences below that are named by the release that made them.
 TRANSFORMERS_VERSION = Version(transformers.__version__)
+warn_if_newer_than_tested("transformers", transformers.__version__)
 #: transformers 5.19 stopped counting tensor-parallel ranks as data-parallel processes in compute_loss's scale.
 TRAINER_SCALE_DIVIDES_TP = TRANSFORMERS_VERSION >= Version("5.19.0")
 #: Before 5.18 the Trainer reloads a multi-process CPU run's optimizer onto ``cpu:0``, which torch.load refuses:

@@ -8,10 +8,11 @@ says for each private name why it is needed and which public hook would make it 
 (``tests/test_compat.py`` checks it), so a transformers release that changes them is adapted to here.
 
 Beside the private names: the seven values ``set_initial_training_values`` returns, which the loop unpacks
-by position, are read and returned by name (`TrainingValues`, their count checked), and three public
+by position, are read and returned by name (`TrainingValues`, their count checked), and four public
 attributes are used in a way the Trainer does not document: the scheduler's ``lr_lambdas``
-(`map_lr_lambdas`), the ``DefaultFlowCallback`` swap (`replace_default_flow`) and ``args.save_total_limit``
-hidden during saves (`save_total_limit_hidden`, `hide_save_total_limit`).
+(`map_lr_lambdas`), the ``DefaultFlowCallback`` swap (`replace_default_flow`), ``args.save_total_limit``
+hidden during saves (`save_total_limit_hidden`, `hide_save_total_limit`) and the progress bar's total
+(`set_progress_total`).
 How ``compute_loss`` scales the loss over processes is mirrored by `TRAINER_LOSS_SCALE` and
 `SFT_LOSS_SCALE`, each checked against the upstream ``compute_loss`` when a trainer is built.
 
@@ -261,6 +262,18 @@ def replace_default_flow(trainer, flow_callback) -> None:
 
     trainer.remove_callback(DefaultFlowCallback)
     trainer.callback_handler.callbacks.insert(0, flow_callback)
+
+
+def set_progress_total(trainer, total: int) -> None:
+    """Make the training progress bar's total ``total`` steps: the bar ``ProgressCallback`` (tqdm) or
+    ``NotebookProgressCallback`` opened at ``state.max_steps``, which under selection is an estimate. Public
+    replacement: a progress callback that reads ``state.max_steps`` at every step."""
+    for callback in trainer.callback_handler.callbacks:
+        bar = getattr(callback, "training_bar", None) or getattr(callback, "training_tracker", None)
+        if bar is not None and getattr(bar, "total", total) != total:
+            bar.total = total
+            if hasattr(bar, "refresh"):  # tqdm redraws; the notebook tracker shows the total at its next update
+                bar.refresh()
 
 
 @contextmanager

@@ -8,17 +8,19 @@ says for each private name why it is needed and which public hook would make it 
 (``tests/test_compat.py`` checks it), so a transformers release that changes them is adapted to here.
 
 Beside the private names: the seven values ``set_initial_training_values`` returns, which the loop unpacks
-by position, are read and returned by name (`TrainingValues`, their count checked), and three public
+by position, are read and returned by name (`TrainingValues`, their count checked), and four public
 attributes are used in a way the Trainer does not document: the scheduler's ``lr_lambdas``
-(`map_lr_lambdas`), the ``DefaultFlowCallback`` swap (`replace_default_flow`) and ``args.save_total_limit``
-hidden during saves (`save_total_limit_hidden`, `hide_save_total_limit`).
+(`map_lr_lambdas`), the ``DefaultFlowCallback`` swap (`replace_default_flow`), ``args.save_total_limit``
+hidden during saves (`save_total_limit_hidden`, `hide_save_total_limit`) and the progress bar's total
+(`set_progress_total`).
 How ``compute_loss`` scales the loss over processes is mirrored by `TRAINER_LOSS_SCALE` and
 `SFT_LOSS_SCALE`, each checked against the upstream ``compute_loss`` when a trainer is built.
 
-Supported transformers releases: 5.17 to 5.24 (``pyproject.toml``). Every hook listed below exists with the
-same signature from 5.3 on; the differences the package meets there are `TRAINER_SCALE_DIVIDES_TP` (5.19)
-and `TRAINER_RESUMES_CPU_PROCESSES` (5.18). What stops the range lower, release by release (2026-11: the whole
-suite run on 5.3.0, 5.17.0 and 5.18.0; 5.4-5.16, 5.0-5.2 and 4.x read from their source):
+Supported transformers releases: 5.17 and newer (``pyproject.toml``); the newest the suite ran against is
+`NEWEST_TESTED`'s, and a newer one gets one warning (`warn_if_newer_than_tested`), not a refusal. Every hook
+listed below exists with the same signature from 5.3 on; the differences the package meets there are
+`TRAINER_SCALE_DIVIDES_TP` (5.19) and `TRAINER_RESUMES_CPU_PROCESSES` (5.18). What stops the range lower, release
+by release (2026-11: the whole suite run on 5.3.0, 5.17.0 and 5.18.0; 5.4-5.16, 5.0-5.2 and 4.x read from their source):
 
 - 5.17 and older: resuming a run of several processes on CPU fails where the Trainer itself reloads the
   optimizer, with or without selection: it loads the optimizer state onto ``args.device``, ``cpu:0`` in such a
@@ -40,6 +42,7 @@ suite run on 5.3.0, 5.17.0 and 5.18.0; 5.4-5.16, 5.0-5.2 and 4.x read from their
 
 from __future__ import annotations
 
+import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -51,8 +54,29 @@ import torch
 import transformers
 from packaging.version import Version
 
+#: The newest transformers and TRL releases the suite was run against: `make test` pins them (the Makefile's
+#: NEWEST_PINS; tests/test_packaging.py checks that the two agree). The requirements set no upper bound, so that
+#: installing this package never downgrades either; a newer release may have changed the private surface below.
+NEWEST_TESTED = {"transformers": Version("5.24.0"), "trl": Version("1.16.0")}
+
+
+def warn_if_newer_than_tested(distribution: str, installed: str) -> None:
+    """Warn when ``installed``, the release of ``distribution`` (a `NEWEST_TESTED` key) that this process imported,
+    is newer than the newest the suite was run against. Called once, where the package imports it."""
+    newest = NEWEST_TESTED[distribution]
+    if Version(installed) > newest:
+        warnings.warn(
+            f"{distribution} {installed} is newer than the newest release hf-selective-backprop was tested with "
+            f"({newest}): the Trainer hooks it builds on may have changed. If a run fails or behaves differently, "
+            f"`pip install {distribution}=={newest}`.",
+            UserWarning,
+            stacklevel=2,
+        )
+
+
 #: The installed transformers release, for the differences below that are named by the release that made them.
 TRANSFORMERS_VERSION = Version(transformers.__version__)
+warn_if_newer_than_tested("transformers", transformers.__version__)
 #: transformers 5.19 stopped counting tensor-parallel ranks as data-parallel processes in compute_loss's scale.
 TRAINER_SCALE_DIVIDES_TP = TRANSFORMERS_VERSION >= Version("5.19.0")
 #: Before 5.18 the Trainer reloads a multi-process CPU run's optimizer onto ``cpu:0``, which torch.load refuses:
@@ -263,6 +287,18 @@ def replace_default_flow(trainer, flow_callback) -> None:
 
     trainer.remove_callback(DefaultFlowCallback)
     trainer.callback_handler.callbacks.insert(0, flow_callback)
+
+
+def set_progress_total(trainer, total: int) -> None:
+    """Make the training progress bar's total ``total`` steps: the bar ``ProgressCallback`` (tqdm) or
+    ``NotebookProgressCallback`` opened at ``state.max_steps``, which under selection is an estimate. Public
+    replacement: a progress callback that reads ``state.max_steps`` at every step."""
+    for callback in trainer.callback_handler.callbacks:
+        bar = getattr(callback, "training_bar", None) or getattr(callback, "training_tracker", None)
+        if bar is not None and getattr(bar, "total", total) != total:
+            bar.total = total
+            if hasattr(bar, "refresh"):  # tqdm redraws; the notebook tracker shows the total at its next update
+                bar.refresh()
 
 
 @contextmanager

@@ -12,6 +12,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+import trl
 from trl import SFTConfig, SFTTrainer
 
 from . import _compat
@@ -27,6 +28,8 @@ from .engine.packing import (
 )
 from .losses import ExampleLoss
 from .trainer import SelectiveBackpropMixin
+
+_compat.warn_if_newer_than_tested("trl", trl.__version__)
 
 __all__ = ["SFTExampleLoss", "SelectiveBackpropSFTConfig", "SelectiveBackpropSFTTrainer"]
 

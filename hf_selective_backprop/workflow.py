@@ -243,6 +243,7 @@ def _train(config: SelectiveBackpropConfig, data_args: DataArguments, model_args
     metrics = trainer.evaluate() if data.eval is not None else {}
     accuracy = metrics.get("eval_accuracy")
     trainer.save_model()
+    trainer.save_state()  # trainer_state.json (log history, steps) in output_dir, as the Hugging Face examples end
     card = {"dataset": data.dataset_id, "eval_split": data_args.eval_split or "test"}
     if trainer.args.should_save:
         trainer.create_model_card(**card)

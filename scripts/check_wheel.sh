@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the wheel, install it (not editable) into a fresh virtual environment, and train one epoch
 # on scikit-learn's bundled digits from outside the source tree: the model card must be written
-# from the template that ships in the wheel. Offline; about a minute on two CPU cores.
+# from the template that ships in the wheel; and check that installing the wheel beside newer transformers and TRL
+# releases resolves without downgrading them. Offline; about a minute on two CPU cores.
 #
 #   bash scripts/check_wheel.sh            # uses .venv/bin/python for the build and the dependencies
 #   PYTHON=/path/to/python bash scripts/check_wheel.sh
@@ -49,6 +50,40 @@ DEPS="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'
 SITE="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo "$DEPS" > "$SITE/zz_dependencies.pth"
 "$VPY" -m pip install --quiet --no-deps --no-index "$WHEEL"
+
+# Beside a transformers and a TRL newer than any release (the requirements set no upper bound), installing the
+# wheel resolves without downgrading them or changing anything else installed. Offline: the two newer releases
+# are stand-ins (metadata only) offered from a local folder, every other requirement is met by what is installed.
+"$PYTHON" - "$WORK/newer" <<'EOF'
+import sys
+import zipfile
+from pathlib import Path
+
+folder = Path(sys.argv[1])
+folder.mkdir()
+for name in ("transformers", "trl"):
+    info = f"{name}-99.0.0.dist-info"
+    files = {
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 99.0.0\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: check_wheel.sh\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(folder / f"{name}-99.0.0-py3-none-any.whl", "w") as wheel:
+        for path, text in files.items():
+            wheel.writestr(path, text)
+EOF
+"$VPY" -m pip install --quiet --dry-run --no-index --find-links "$WORK/newer" --report "$WORK/newer.json" \
+    "$WHEEL[trl]" "transformers==99.0.0" "trl==99.0.0"
+"$PYTHON" - "$WORK/newer.json" <<'EOF'
+import json
+import sys
+
+report = json.load(open(sys.argv[1]))
+planned = {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"] for item in report["install"]}
+planned.pop("hf-selective-backprop", None)  # the wheel itself, already installed above
+assert planned == {"transformers": "99.0.0", "trl": "99.0.0"}, planned
+print("the wheel installs beside transformers 99.0.0 and trl 99.0.0 without downgrading them")
+EOF
 
 cd "$WORK"
 "$VPY" -c '

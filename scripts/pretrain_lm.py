@@ -125,6 +125,7 @@ def main() -> None:
     result = trainer.train(resume_from_checkpoint=resume)
     trainer.save_model()
     trainer.save_metrics("train", result.metrics)
+    trainer.save_state()  # trainer_state.json (log history, steps) in output_dir, as the Hugging Face examples end
     print(f"pretrained ({args.objective}) {len(tokenized)} texts in {result.metrics['train_runtime']:.0f} s "
           f"-> {os.path.abspath(training_args.output_dir)}")
 

@@ -153,6 +153,7 @@ def run(config, data_args: SFTDataArguments, model_args: TextModelArguments, che
     if "eval_loss" in metrics:
         metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 700.0))
     trainer.save_model()
+    trainer.save_state()  # trainer_state.json (log history, steps) in output_dir, as the Hugging Face examples end
     trainer.save_metrics("eval", metrics)
     data_read = {**training_data_size(trainer.train_dataset), "num_train_epochs": config.num_train_epochs}
     trainer.save_metrics("train", {**train_output.metrics, **data_read})

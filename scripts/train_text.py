@@ -132,6 +132,7 @@ def run(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_arg
     if "eval_loss" in metrics and not classification:
         metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 700.0))
     trainer.save_model()
+    trainer.save_state()  # trainer_state.json (log history, steps) in output_dir, as the Hugging Face examples end
     trainer.save_metrics("eval", metrics)
     card = {"dataset": data_args.dataset, "eval_split": data_args.eval_split, "tasks": PIPELINE_TAGS[data_args.task]}
     if config.should_save:

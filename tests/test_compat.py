@@ -117,3 +117,62 @@ def test_the_sft_loss_scale_rule_agrees_with_the_installed_trl(output_dir):
     unscaled = _compat.LossScale("SFTTrainer.compute_loss", _compat.SFT_LOSS_SCALE.upstream, lambda trainer, items: 1)
     with pytest.raises(RuntimeError, match=r"multiplies the loss by 6 on 6 processes"):
         unscaled.check(trainer)
+
+
+@pytest.mark.parametrize("distribution", sorted(_compat.NEWEST_TESTED))
+def test_a_release_newer_than_the_newest_tested_gets_one_warning_naming_both(distribution):
+    newest = _compat.NEWEST_TESTED[distribution]
+    newer = f"{newest.major}.{newest.minor + 1}.0"
+    with pytest.warns(UserWarning) as caught:
+        _compat.warn_if_newer_than_tested(distribution, newer)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert f"{distribution} {newer} is newer than" in message and f"tested with ({newest})" in message
+
+
+@pytest.mark.parametrize("distribution", sorted(_compat.NEWEST_TESTED))
+def test_a_tested_or_older_release_gets_no_warning(distribution, recwarn):
+    newest = _compat.NEWEST_TESTED[distribution]
+    for release in (str(newest), f"{newest.major}.{newest.minor - 1}.0"):
+        _compat.warn_if_newer_than_tested(distribution, release)
+    assert [str(w.message) for w in recwarn] == []
+
+
+@pytest.mark.parametrize("faked", [True, False], ids=["newer", "tested"])
+def test_importing_the_trainers_warns_once_per_newer_release(faked, tmp_path):
+    """The check runs where the package imports transformers (and TRL): with both faked newer, one warning each,
+    however many trainers are built; with the installed (tested) releases, none."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import sys, warnings
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        warnings.simplefilter("always")
+        import trl
+        from transformers import Trainer  # replaces sys.modules["transformers"]: fake the version after it
+        if {faked}:
+            sys.modules["transformers"].__version__, sys.modules["trl"].__version__ = "99.0.0", "98.0.0"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            from hf_selective_backprop import SelectiveBackpropTrainer
+            from hf_selective_backprop.sft import SelectiveBackpropSFTTrainer
+            from tiny import TinyClassifier, make_config, make_dataset
+            for run in ("a", "b"):
+                SelectiveBackpropTrainer(model=TinyClassifier(), args=make_config({str(tmp_path)!r} + run),
+                                         train_dataset=make_dataset(32))
+        for w in caught:
+            if "newer than the newest release" in str(w.message):
+                print("WARNING", w.message)
+        print("done")
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("done"), result.stderr[-3000:]
+    warned = [line for line in result.stdout.splitlines() if line.startswith("WARNING")]
+    if faked:
+        assert len(warned) == 2, warned
+        assert "transformers 99.0.0" in warned[0] + warned[1] and "(5.24.0)" in warned[0] + warned[1]
+        assert "trl 98.0.0" in warned[0] + warned[1] and "(1.16.0)" in warned[0] + warned[1]
+    else:
+        assert warned == []

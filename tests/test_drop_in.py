@@ -242,16 +242,19 @@ def test_an_epoch_too_small_for_a_step_is_said_once_as_carried_over_not_as_a_sto
 
 
 def test_kept_rows_the_run_ended_before_training_are_counted_and_said(output_dir, caplog):
-    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.trainer"):
+    # Fewer rows than one step left queued is how a selective run ends: said in the log at INFO, not a warning.
+    with caplog.at_level(logging.INFO, logger="hf_selective_backprop"):
         trainer = SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(40),
                                            args=make_config(output_dir, sb_keep=0.5, num_train_epochs=1))
         trainer.train()
     stats = trainer.sb_stats
     assert stats["queued_at_end"] > 0
     assert stats["backwards"] + stats["queued_at_end"] == stats["kept"]
-    said = [r.getMessage() for r in caplog.records if "still queued when the run ended" in r.getMessage()]
-    assert len(said) == 1 and said[0].startswith(f"{stats['queued_at_end']} rows")
-    assert "fewer than one optimizer step takes (8 rows)" in said[0]
+    said = [r for r in caplog.records if "still queued when the run ended" in r.getMessage()]
+    assert len(said) == 1 and said[0].getMessage().startswith(f"{stats['queued_at_end']} rows")
+    assert "fewer than one optimizer step takes (8 rows)" in said[0].getMessage()
+    assert said[0].levelno == logging.INFO
+    assert json.loads((Path(output_dir) / "sb_stats.json").read_text())["queued_at_end"] == stats["queued_at_end"]
     card = Path(trainer.create_model_card()).read_text()
     row = "kept rows left untrained when the run ended"
     assert f"| {row} | {stats['queued_at_end']} |" in card
@@ -259,13 +262,16 @@ def test_kept_rows_the_run_ended_before_training_are_counted_and_said(output_dir
 
 def test_kept_rows_a_step_based_run_ended_before_are_counted_in_optimizer_steps(output_dir, caplog):
     # One step from a selection batch of 256: the rows left were several steps' worth, said to be less than one.
-    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.trainer"):
+    # Whole steps' worth of kept rows untrained changes what the run trained: a warning.
+    with caplog.at_level(logging.INFO, logger="hf_selective_backprop"):
         trainer = SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(256), args=make_config(
             output_dir, sb_keep=0.5, max_steps=1, sb_selection_batch_size=256))
         trainer.train()
     queued = trainer.sb_stats["queued_at_end"]
     assert queued >= 2 * 8
-    said = [r.getMessage() for r in caplog.records if "still queued when the run ended" in r.getMessage()]
+    records = [r for r in caplog.records if "still queued when the run ended" in r.getMessage()]
+    assert [r.levelno for r in records] == [logging.WARNING]
+    said = [r.getMessage() for r in records]
     assert len(said) == 1 and "fewer than one optimizer step" not in said[0]
     assert f"{queued} rows that selection kept were still queued when the run ended, {queued / 8:.1f} optimizer " \
            "steps' worth (8 rows a step) that the run ended before taking" in said[0]
@@ -282,12 +288,28 @@ def test_global_step_never_exceeds_the_max_steps_the_state_reports(output_dir):
         assert saved["global_step"] <= saved["max_steps"], folder.name
 
 
+@pytest.mark.parametrize(("strategy", "epochs"), [("kath18", 1), ("sb", 3)], ids=["more-than-expected", "fewer"])
+def test_the_progress_bar_ends_at_the_steps_the_run_took(output_dir, capsys, strategy, epochs):
+    # The bar opens at the expected steps. Kath18 trains a step from every selection batch, the last (128 of 512
+    # rows) too, so it takes 3 where a third of 512 rows makes 2 (the bar used to end "2/2 100%" and then "3it");
+    # SB on this data keeps fewer than a third and takes 6 of the 8 expected (it used to end at "6/8").
+    trainer = SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(512), args=make_config(
+        output_dir, sb_strategy=strategy, sb_keep=1 / 3 if strategy == "sb" else None, num_train_epochs=epochs,
+        per_device_train_batch_size=64, disable_tqdm=False))
+    trainer.train()
+    steps, expected = trainer.state.global_step, trainer.sb_stats["expected_steps"]
+    assert (steps > expected) if strategy == "kath18" else (steps < expected)
+    last = capsys.readouterr().err.split("\r")[-1]
+    assert "100%" in last and f" {steps}/{steps} [" in last, last
+    assert not re.search(r"\d+it \[", last), last
+
+
 def test_a_kept_fraction_well_below_the_expected_one_is_explained():
     from hf_selective_backprop.engine.accounting import end_of_run_notes
 
     notes = end_of_run_notes({"kept_fraction": 0.14, "considered": 100, "queued_at_end": 0}, 1 / 3, 1024)
-    assert len(notes) == 1 and "kept 0.140" in notes[0] and "expected 0.333" in notes[0]
-    assert "--sb_history_size" in notes[0]
+    assert len(notes) == 1 and notes[0][0] == logging.WARNING
+    assert "kept 0.140" in notes[0][1] and "expected 0.333" in notes[0][1] and "--sb_history_size" in notes[0][1]
     assert not end_of_run_notes({"kept_fraction": 0.30, "considered": 100, "queued_at_end": 0}, 1 / 3, 1024)
 
 

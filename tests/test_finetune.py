@@ -39,6 +39,14 @@ def pretrained(tmp_path_factory):
     return folder, weights
 
 
+def test_the_train_script_ends_as_the_hugging_face_examples_do_with_the_trainer_state(pretrained):
+    folder, _ = pretrained
+    state = json.loads((folder / "trainer_state.json").read_text())
+    stats = json.loads((folder / "sb_stats.json").read_text())
+    assert state["global_step"] == stats["optimizer_steps"] == 8  # 120 images of digits 0-4, batches of 16
+    assert any("train_runtime" in entry for entry in state["log_history"])
+
+
 def test_classes_keeps_and_relabels_the_named_classes_and_keeps_ids_as_split_positions():
     everything = load_image_data(DataArguments(dataset="digits", max_train_samples=300, eval_split="none"))
     kept = load_image_data(DataArguments(dataset="digits", max_train_samples=300, eval_split="none", classes="7,3"))

@@ -109,18 +109,45 @@ def test_the_version_is_defined_once():
     assert hf_selective_backprop.__version__.count(".") == 2
 
 
-def test_make_test_oldest_pins_the_lower_end_of_each_range():
-    """`make test-oldest` tests the lower ends that pyproject.toml states: each pin is its package's `>=` bound,
-    and every package whose versions the suite was run against at both ends is pinned."""
+def _requirements() -> list[Requirement]:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     listed = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
-    lower = {}
-    for requirement in map(Requirement, listed):
-        for specifier in requirement.specifier:
-            if specifier.operator == ">=":
-                lower[requirement.name] = Version(specifier.version)
-    pins = re.search(r"^OLDEST_PINS := (.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE).group(1).split()
-    pinned = {name: Version(version) for name, version in (pin.split("==") for pin in pins)}
+    return list(map(Requirement, listed))
+
+
+def _pins(variable: str) -> dict[str, Version]:
+    pins = re.search(rf"^{variable} := (.+)$", (ROOT / "Makefile").read_text(), re.MULTILINE).group(1).split()
+    return {name: Version(version) for name, version in (pin.split("==") for pin in pins)}
+
+
+def test_make_test_oldest_pins_the_lower_end_of_each_range():
+    """`make test-oldest` tests the lower ends that pyproject.toml states: each pin is its package's `>=` bound,
+    and every package whose versions the suite was run against at both ends is pinned."""
+    lower = {r.name: Version(s.version) for r in _requirements() for s in r.specifier if s.operator == ">="}
+    pinned = _pins("OLDEST_PINS")
     assert {"transformers", "accelerate", "datasets", "trl", "timm"} <= set(pinned)
     assert {name: lower.get(name) for name in pinned} == pinned
+
+
+def test_no_requirement_has_an_upper_bound():
+    """Installing the package beside a newer transformers, TRL, ... must never downgrade it: the exact releases the
+    suite runs against belong in the Makefile's test environments, not in the requirements."""
+    capped = [str(r) for r in _requirements() for s in r.specifier if s.operator in ("<", "<=", "==", "~=", "===")]
+    assert capped == []
+
+
+def test_make_test_pins_the_newest_tested_releases_and_compat_names_them():
+    """`make test` installs NEWEST_PINS; the newer-release warning compares with the same transformers and TRL; the
+    two test environments pin the same packages, newest no older than oldest, both inside the requirements."""
+    from hf_selective_backprop import _compat
+
+    newest, oldest = _pins("NEWEST_PINS"), _pins("OLDEST_PINS")
+    assert set(newest) == set(oldest)
+    assert {name: newest[name] for name in _compat.NEWEST_TESTED} == _compat.NEWEST_TESTED
+    assert all(newest[name] >= oldest[name] for name in newest)
+    specifiers = {r.name: r.specifier for r in _requirements()}
+    assert all(specifiers[name].contains(version) for name, version in newest.items())
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^\$\(STAMP\):.*\n\t\$\(call make_venv,\$\(VENV\),\$\(NEWEST_PINS\)\)$", makefile, re.MULTILINE)
+    assert re.search(r"^test: \$\(STAMP\)$", makefile, re.MULTILINE)

@@ -1,5 +1,6 @@
 """scripts/pretrain_lm.py: the task-adaptive pretrained stand-ins that the fine-tuning benchmark fine-tunes."""
 
+import json
 import runpy
 import sys
 from pathlib import Path
@@ -31,6 +32,9 @@ def test_masked_lm_pretraining_gives_an_encoder_that_a_classifier_loads(tmp_path
     pretrain(data, tmp_path / "bert", "--objective", "mlm")
     saved = load_file(tmp_path / "bert" / "model.safetensors")
     assert (tmp_path / "bert" / "train_results.json").is_file()
+    state = json.loads((tmp_path / "bert" / "trainer_state.json").read_text())  # as the HF example scripts end
+    assert state["global_step"] == state["max_steps"] > 0
+    assert any("train_runtime" in entry for entry in state["log_history"])
     classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path / "bert", num_labels=2)
     loaded = classifier.state_dict()
     encoder = [name for name in saved if name.startswith("bert.encoder.") or name.startswith("bert.embeddings.")]

@@ -37,3 +37,18 @@ def test_every_python_example_defines_what_it_uses_and_imports_what_exists():
                     assert not missing, f"{node.module} has no {missing}"
         used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)}
         assert used <= defined, f"undefined in the README example: {sorted(used - defined)}"
+
+
+def test_the_readme_reads_in_two_minutes_and_keeps_what_a_newcomer_needs():
+    text = README.read_text()
+    assert len(text.splitlines()) <= 160
+    needed = [
+        "make demo", "make test",  # the two set-up commands
+        "SelectiveBackpropTrainer(model=model", "AutoModelForImageClassification",  # the swap-in example
+        "| workload | Traditional |",  # the headline table
+        "accelerate launch", "push_to_hub",
+        "CIFAR-10", "CIFAR-100", "SVHN", "MNIST",
+        "SelectiveBackpropSFTTrainer", "scripts/train_text.py",  # the TRL pair and the text workflow
+        "## Which strategy when",
+    ]
+    assert [phrase for phrase in needed if phrase not in text] == []

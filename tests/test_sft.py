@@ -152,6 +152,9 @@ def test_the_sft_script_trains_offline_and_writes_model_tokenizer_and_card(revie
     stats = json.loads((out / "sb_stats.json").read_text())
     assert stats["selection_forwards"] == 96 and 0 < stats["backwards"] < 96
     assert "eval_perplexity" in json.loads((out / "eval_results.json").read_text())
+    state = json.loads((out / "trainer_state.json").read_text())  # as the Hugging Face example scripts end
+    assert state["global_step"] == stats["optimizer_steps"] > 0
+    assert any("train_runtime" in entry for entry in state["log_history"])
     card = ModelCard.load(out / "README.md")
     assert card.data.pipeline_tag == "text-generation" and {"trl", "sft"} <= set(card.data.tags)
     tokenizer = AutoTokenizer.from_pretrained(out)

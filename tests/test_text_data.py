@@ -130,6 +130,10 @@ def test_script_trains_a_classifier_with_sb_and_writes_card_stats_and_tokenizer(
                 "--num_train_epochs", "2", "--output_dir", str(out), *COMMON])
     stats = json.loads((out / "sb_stats.json").read_text())
     assert stats["selection_forwards"] == 2 * 96 and 0 < stats["backwards"] < 2 * 96
+    # As the Hugging Face example scripts end: the run's state, log history included, beside the model.
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == stats["optimizer_steps"] > 0
+    assert any("train_runtime" in entry for entry in state["log_history"])
     card = ModelCard.load(out / "README.md")
     assert card.data.pipeline_tag == "text-classification"
     assert "selective-backprop" in card.data.tags and "timm" not in card.data.tags

@@ -170,38 +170,44 @@ KEPT_FRACTION_DRIFT = 0.75
 
 def end_of_run_notes(
     summary: dict, expected_keep: float | None, history_size: int, rows_per_step: int | None = None
-) -> list[str]:
-    """What the end-of-run counters show that a user would otherwise have to work out: kept rows the run ended
-    before training, and a kept fraction well below the strategy's expected one. ``rows_per_step``: the rows one
-    optimizer step trains, over all processes."""
+) -> list[tuple[int, str]]:
+    """What the end-of-run counters show that a user would otherwise have to work out, each with its logging level:
+    kept rows the run ended before training, and a kept fraction well below the strategy's expected one.
+    ``rows_per_step``: the rows one optimizer step trains, over all processes.
+
+    Rows left queued that are fewer than one step takes are how every selective run ends (steps are whole
+    batches): bookkeeping, at INFO. Whole steps' worth left, or a kept fraction far from the expected one, change
+    what the run trained from what its settings say: a WARNING."""
     notes = []
     queued = summary.get("queued_at_end", 0)
     if queued:
+        level = logging.INFO
         if rows_per_step is None or queued < rows_per_step:
             size = f" ({rows_per_step} rows)" if rows_per_step else ""
             why = f"fewer than one optimizer step takes{size}"
         else:
             # A run that ends by steps stops with whole steps' worth queued (a large --sb_selection_batch_size).
+            level = logging.WARNING
             why = (f"{queued / rows_per_step:.1f} optimizer steps' worth ({rows_per_step} rows a step) that the "
                    "run ended before taking")
-        notes.append(
+        notes.append((level, (
             f"{queued} rows that selection kept were still queued when the run ended, {why}: they were not trained "
             "('kept' counts them, 'backwards' does not; sb_stats.json 'queued_at_end')"
-        )
+        )))
     kept = summary.get("kept_fraction")
     if expected_keep is not None and summary.get("considered") and kept < KEPT_FRACTION_DRIFT * expected_keep:
-        notes.append(
+        notes.append((logging.WARNING, (
             f"selection kept {kept:.3f} of the examples it considered, well below the expected {expected_keep:.3f}: "
             f"each loss is ranked against the last {history_size} losses (--sb_history_size), and while losses fall, "
             "as they do early and on short runs, that history holds older, higher losses, so fresh ones rank low "
             "and are kept less often"
-        )
+        )))
     return notes
 
 
 def finish_run(trainer, metrics: dict, expected_steps: int) -> dict:
     """The run's summary (a collective), added to train()'s ``metrics`` and written to sb_stats.json; the notes on
-    it (`end_of_run_notes`) are logged as warnings by the process that logs."""
+    it (`end_of_run_notes`) are logged, each at its level, by the process that logs."""
     args = trainer.args
     stats = {**trainer.selection_summary(), "strategy": args.sb_strategy, "expected_steps": expected_steps}
     queued = distributed.sum_over_processes(trainer.accelerator, {"rows": len(trainer.engine.queue)})["rows"]
@@ -212,6 +218,6 @@ def finish_run(trainer, metrics: dict, expected_steps: int) -> dict:
     if args.should_save:
         write_stats(stats, os.path.join(args.output_dir, STATS_FILE))
     if args.should_log:
-        for note in notes:
-            logger.warning(note)
+        for level, note in notes:
+            logger.log(level, note)
     return stats

@@ -67,7 +67,8 @@ class SelectionFlowCallback(DefaultFlowCallback):
         # The default flow ends the run (stop, final save and evaluation) at max_steps: show it the
         # real end (a fractional num_train_epochs, or the budget spent), and never the estimate.
         expected = state.max_steps
-        ends = engine.progress(state.global_step, expected) >= 1.0
+        progress = engine.progress(state.global_step, expected)
+        ends = progress >= 1.0
         state.max_steps = state.global_step if ends else max(expected, state.global_step + 1)
         try:
             control = super().on_step_end(args, state, control, **kwargs)
@@ -75,8 +76,13 @@ class SelectionFlowCallback(DefaultFlowCallback):
             # An estimate the run has outlived (it kept more rows than expected) is raised to the steps taken:
             # the state's global_step never exceeds its max_steps, in the checkpoints saved after this step too.
             state.max_steps = max(expected, state.global_step)
+        # The progress bar opened at the expected steps: it follows the steps this run is on course to take (the
+        # steps so far over the share of the run done), and ends at the steps taken.
         if ends:
             self.ended_at_step = state.global_step
+            _compat.set_progress_total(self.trainer, state.global_step)
+        elif progress > 0:
+            _compat.set_progress_total(self.trainer, max(state.global_step + 1, round(state.global_step / progress)))
         return control
 
     def on_epoch_end(self, args, state, control, **kwargs):
@@ -99,6 +105,7 @@ class SelectionFlowCallback(DefaultFlowCallback):
             # The data ran out after the last step, which could not know it was the last: its final
             # checkpoint and evaluation, where that step did not already make them.
             self.ended_at_step = state.global_step
+            _compat.set_progress_total(self.trainer, state.global_step)
             if args.save_strategy == SaveStrategy.STEPS and state.global_step % state.save_steps != 0:
                 control.should_save = True
             if (

@@ -34,6 +34,7 @@ def test_knobs_chain_and_each_sets_its_own_flag():
     assert info.label == "InfoBatch, r 0.3, delta 0.75"
     weighted = build_strategy("sb-weighted-keep0.5", 1 / 3, 3, 1)
     assert weighted.overrides == {"sb_strategy": "sb", "sb_keep": 0.5, "sb_importance_weighting": True}
+    assert build_strategy("stale-sb-anneal-n2-keep0.5", 1 / 3, 3, 1).label == "Stale-SB (n=2) keep 0.50, annealed"
     annealed = build_strategy("sb-anneal-end0.75", 1 / 3, 3, 1)
     assert annealed.overrides["sb_end"] == 0.75 and annealed.overrides["sb_keep"] == pytest.approx(1 / 3)
     # A one-letter knob followed by letters is part of a strategy's name, not a knob.

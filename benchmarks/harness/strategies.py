@@ -101,7 +101,8 @@ def build_strategy(
         if not knob.applies(strategy.overrides):
             raise ValueError(f"strategy {name!r}: {base} has no {knob.description} to set")
         label = strategy.label
-        if knob.flag != "sb_staleness":  # a stale strategy's label names its n already
+        # A stale strategy's label names its n already, and an annealed one's its kept fraction.
+        if not (knob.flag == "sb_staleness" or (knob.flag == "sb_keep" and base in ANNEALED)):
             label = f"{label}, {knob.label} {value:g}"
         return Strategy(name, label, {**strategy.overrides, knob.flag: value})
     if name == "sb":

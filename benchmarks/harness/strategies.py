@@ -70,6 +70,13 @@ def _trailing_knob(name: str) -> tuple[str, Knob, float | int] | None:
     return base, knob, value
 
 
+def _without_knobs(name: str) -> str:
+    """The strategy ``name`` names before its knobs (stale-sb-anneal-n2 -> stale-sb-anneal)."""
+    while (trailing := _trailing_knob(name)) is not None:
+        name = trailing[0]
+    return name
+
+
 @dataclass(frozen=True)
 class Strategy:
     name: str
@@ -102,7 +109,7 @@ def build_strategy(
             raise ValueError(f"strategy {name!r}: {base} has no {knob.description} to set")
         label = strategy.label
         # A stale strategy's label names its n already, and an annealed one's its kept fraction.
-        if not (knob.flag == "sb_staleness" or (knob.flag == "sb_keep" and base in ANNEALED)):
+        if not (knob.flag == "sb_staleness" or (knob.flag == "sb_keep" and _without_knobs(base) in ANNEALED)):
             label = f"{label}, {knob.label} {value:g}"
         return Strategy(name, label, {**strategy.overrides, knob.flag: value})
     if name == "sb":

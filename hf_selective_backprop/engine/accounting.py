@@ -199,6 +199,17 @@ def end_of_run_notes(
     return notes
 
 
+def logged_counters(trainer) -> dict:
+    """The ``sb/*`` entries of ``trainer``'s training logs: a selective run's counters summed over processes (a
+    collective), or a budget-matched plain run's share of the full run's cost spent (its steps'). Counters only:
+    wall-clock figures differ between a resumed and an uninterrupted run, so they are in train()'s metrics and
+    sb_stats.json, not in the log history."""
+    if trainer.selector is None:
+        plain = trainer.plain_budget
+        return {} if plain is None else {"sb/budget_spent": plain.spent(trainer.state.global_step)}
+    return {f"sb/{k}": v for k, v in trainer.selection_summary().items() if k not in WALL_CLOCK_FIGURES}
+
+
 def finish_run(trainer, metrics: dict, expected_steps: int) -> dict:
     """The run's summary (a collective), added to train()'s ``metrics`` and written to sb_stats.json; the notes on
     it (`end_of_run_notes`) are logged as warnings by the process that logs."""

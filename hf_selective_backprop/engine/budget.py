@@ -1,5 +1,6 @@
-"""A compute budget (``--sb_budget``): what the configured full run costs, the plan that meets a share of it,
-and the cost a run has spent.
+"""A compute budget (``--sb_budget``): what the configured full run costs, the plan that meets a share of it
+(made before training, or kept from the checkpoint a run resumes), the Trainer's loop values that follow from
+it, and the cost a run has spent.
 
 Cost is counted in examples' training steps (a forward and a backward), summed over processes, as the
 paper's cost model counts it (Jiang et al., 2019, section 3): one per backward pass, and ``phi`` per
@@ -11,10 +12,18 @@ optimizer steps; the budget is ``sb_budget`` times its cost.
 from __future__ import annotations
 
 import math
+import os
+import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 
+import torch
 from transformers.trainer_utils import has_length
 
+from .. import _compat
+from . import distributed
+from .checkpoints import STATE_FILE
 from .run_length import RunLength
 
 #: What a backward and the optimizer step cost per training forward in the cost model (r = 2: a backward
@@ -60,6 +69,11 @@ class BudgetPlan:
         """The share of the budget's training cost (past the reference pass) spent."""
         return min(max(spent - self.before_training, 0.0) / (self.target - self.before_training), 1.0)
 
+    def loop_values(self, values):
+        """The Trainer's loop values (``_compat.TrainingValues``) for this plan: its steps, and epochs without
+        bound, since the run ends when its budget is spent."""
+        return values._replace(num_train_epochs=sys.maxsize, max_steps=self.steps)
+
     def state_dict(self) -> dict:
         return asdict(self)
 
@@ -79,9 +93,64 @@ def refuse_unsized(args, dataset) -> None:
         )
 
 
-def plain_steps(args, full_steps: int) -> int:
-    """The optimizer steps of a plain run (``--sb_strategy none``) within the budget: F of the full run's."""
-    return max(1, round(args.sb_budget * full_steps))
+class PlainBudget:
+    """``--sb_budget F`` without selection (``--sb_strategy none``): F of the full run's optimizer steps (rounded),
+    over which the Trainer's schedule runs. A plain run's cost is its steps."""
+
+    def __init__(self, budget: float):
+        self.budget = budget
+        self.full_steps = 0  # the full run's, once the Trainer has sized it
+
+    def loop_values(self, values):
+        """The Trainer's loop values for the full run, cut to the budget's steps."""
+        values = _compat.training_values(values)
+        self.full_steps = values.max_steps
+        return values._replace(max_steps=max(1, round(self.budget * self.full_steps)))
+
+    def spent(self, global_step: int) -> float:
+        """The share of the full run's cost spent after ``global_step`` optimizer steps."""
+        return global_step / self.full_steps
+
+
+def saved_plan(checkpoint: str | None) -> BudgetPlan | None:
+    """The budget plan ``checkpoint`` was saved with, if any: a resumed run sizes its schedule from it (the
+    reference pass it paid for is not scored again, and another number of processes would size it anew)."""
+    path = os.path.join(checkpoint, STATE_FILE) if checkpoint else ""
+    if not os.path.isfile(path):
+        return None
+    saved = torch.load(path, weights_only=True).get("budget")
+    return None if saved is None else BudgetPlan.from_state_dict(saved)
+
+
+def loop_values(engine, args, run_length: RunLength, values, dataloader, checkpoint: str | None):
+    """The Trainer's loop values (``_compat.TrainingValues``) for a selective run, and how ``engine``'s run ends:
+    when its data does (epoch-based), after its steps, or when its budget is spent (the plan of `run_plan`)."""
+    epoch_based = has_length(dataloader) and args.max_steps <= 0
+    made, replan = run_plan(args, run_length, engine.selector, engine.accelerator, epoch_based, checkpoint,
+                            engine.stats.reference_forwards)
+    engine.set_run_length(epoch_based, made, replan)
+    if has_length(dataloader):  # a stream keeps the Trainer's values: it is step-based
+        values = run_length.loop_values(values, args, engine.epoch_based)
+    return values if made is None else made.loop_values(values)
+
+
+def run_plan(args, run_length: RunLength, selector, accelerator, epoch_based: bool, checkpoint: str | None,
+             reference_forwards: float) -> tuple[BudgetPlan | None, Callable[[float], BudgetPlan] | None]:
+    """A selective run's budget plan (None without --sb_budget), and what makes it anew from a measured phi.
+
+    A resumed run keeps the plan ``checkpoint`` holds; a new one is planned after its reference pass of
+    ``reference_forwards`` examples on this process ('rholoss'; summed over processes: a collective).
+    """
+    if args.sb_budget is None:
+        return None, None
+    saved = saved_plan(checkpoint)
+    if saved is None:
+        scored = distributed.sum_over_processes(accelerator, {"rows": reference_forwards})["rows"]
+    else:
+        scored = saved.before_training / saved.phi  # the reference pass the saved plan paid for
+    # The plan for a phi measured on the first steps (--sb_cost_phi not given): made anew then.
+    replan = partial(plan, args, run_length, selector, accelerator.num_processes, epoch_based, scored)
+    return saved or replan(), replan
 
 
 def plan(args, run_length: RunLength, selector, num_processes: int, epoch_based: bool,

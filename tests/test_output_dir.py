@@ -309,3 +309,32 @@ def test_processes_started_together_claim_a_folder_exactly_once(stale, tmp_path)
         assert all(worker.exitcode == 0 for worker in workers)
         assert owners.value == 1, f"trial {trial}: {owners.value} processes own the folder"
         assert not (out / LOCK_FILE).exists()  # the owner released it
+
+
+@pytest.mark.parametrize("kind, what", [
+    ("symlink", "a symbolic link"), ("dangling-symlink", "a symbolic link"), ("fifo", "a FIFO"),
+    ("directory", "a directory"),
+])
+def test_a_lock_path_that_is_not_a_lock_file_is_refused_and_left_alone(kind, what, tmp_path):
+    # A symbolic link was followed (the file it named, outside the output folder, was overwritten or created), a
+    # FIFO hung the claim for good and a directory gave a raw IsADirectoryError. A process of its own, so that a
+    # hang fails the test instead of stopping the suite.
+    out, outside = tmp_path / "run", tmp_path / "elsewhere.txt"
+    out.mkdir()
+    lock = out / LOCK_FILE
+    if kind == "symlink":
+        outside.write_text("the user's own file")
+    if kind.endswith("symlink"):
+        lock.symlink_to(outside)
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.mkdir()
+    code = f"from hf_selective_backprop.output_lock import claimed\nwith claimed({str(out)!r}):\n    pass"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"ValueError: --output_dir '{out}': {lock} is {what}, not the lock file a run keeps "
+                              "there (a regular file): delete it, or choose another --output_dir"), message
+    assert (outside.read_text() == "the user's own file") if kind == "symlink" else not outside.exists()
+    assert lock.is_symlink() if kind.endswith("symlink") else lock.exists()

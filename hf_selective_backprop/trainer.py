@@ -239,8 +239,7 @@ class SelectiveBackpropMixin:
         if resume_from_checkpoint is None:
             return epochs_trained, skipped
         state_files.load(self.engine, resume_from_checkpoint, self.args.ignore_data_skip)
-        # The Trainer's skip counts batches as a fixed multiple of optimizer steps, which selection
-        # breaks; the engine's sampler skips the rows already read instead (without loading them).
+        # The Trainer skips batches by steps, which selection breaks: the engine's sampler skips the rows read instead.
         return self.engine.epoch, 0
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
@@ -321,6 +320,7 @@ class SelectiveBackpropMixin:
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         resume_from_checkpoint = state_files.resume_target(self, resume_from_checkpoint)
+        run_record.PlainRunRecord.attach(self)  # without selection: the budget and model flags a resume compares
         try:
             output = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:

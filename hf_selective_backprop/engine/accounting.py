@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 
 from . import distributed
+from .budget import PHI_MEASURING, PHI_NOT_MEASURED
 
 #: The run's summary, written into output_dir when training ends.
 STATS_FILE = "sb_stats.json"
@@ -215,6 +216,8 @@ def finish_run(trainer, metrics: dict, expected_steps: int) -> dict:
     it (`end_of_run_notes`) are logged as warnings by the process that logs."""
     args = trainer.args
     stats = {**trainer.selection_summary(), "strategy": args.sb_strategy, "expected_steps": expected_steps}
+    if stats.get("cost_phi_source") == PHI_MEASURING:  # it ended first: its cost is priced at the cost model's phi
+        stats["cost_phi_source"] = PHI_NOT_MEASURED
     queued = distributed.sum_over_processes(trainer.accelerator, {"rows": len(trainer.engine.queue)})["rows"]
     stats["queued_at_end"] = int(queued)
     rows_per_step = trainer.engine.batch_size * args.gradient_accumulation_steps * trainer.accelerator.num_processes

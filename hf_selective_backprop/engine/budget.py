@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from functools import partial
@@ -36,6 +37,8 @@ DEFAULT_PHI = 1.0 / (1.0 + COST_MODEL_R)
 #: Where a plan's phi comes from: --sb_cost_phi; the cost model's, while the engine measures it on the run's first
 #: steps (phi_meter); measured; the cost model's for good, in a run that has no selection forward to time.
 PHI_GIVEN, PHI_MEASURING, PHI_MEASURED, PHI_COST_MODEL = "sb_cost_phi", "measuring", "measured", "cost model"
+#: What a run that ended while phi was measured reports: it was priced at the cost model's phi.
+PHI_NOT_MEASURED = "not measured"
 
 
 @dataclass(frozen=True)
@@ -105,7 +108,14 @@ class PlainBudget:
         """The Trainer's loop values for the full run, cut to the budget's steps."""
         values = _compat.training_values(values)
         self.full_steps = values.max_steps
-        return values._replace(max_steps=max(1, round(self.budget * self.full_steps)))
+        steps = round(self.budget * self.full_steps)
+        if steps < 1:
+            raise ValueError(
+                f"--sb_budget {self.budget:g} buys less than one optimizer step of this run: "
+                f"{self.budget * self.full_steps:.3g} of the full run's {self.full_steps}; raise --sb_budget to at "
+                f"least {_rounded_up(1 / self.full_steps):.3g}"
+            )
+        return values._replace(max_steps=steps)
 
     def spent(self, global_step: int) -> float:
         """The share of the full run's cost spent after ``global_step`` optimizer steps."""
@@ -187,10 +197,45 @@ def plan(args, run_length: RunLength, selector, num_processes: int, epoch_based:
     active = run_length.active_share
     # The cost of one trained row after warm-up: its step, and the selection forwards of the rows read for it.
     per_trained = 1.0 + phi * active * scored / run_length.keep
-    warm = min(training, args.sb_warmup_epochs * rows_per_epoch)  # a stream (no epoch length) skips this
+    warm_rows = args.sb_warmup_epochs * rows_per_epoch  # a stream (no epoch length) has no warm-up to plan
+    warm = min(training, warm_rows)
     trained = warm + (training - warm) / per_trained
+    if measured_phi is None:  # the plan made before training (a measured phi re-prices a running one)
+        _check_what_it_buys(args, trained, rows_per_step, training <= warm_rows, training / max(rows_per_epoch, 1),
+                            (before_training + _cost_of_rows(rows_per_step, warm_rows, per_trained)) / full_cost)
     steps = max(1, math.floor(trained / rows_per_step))
     epochs = None
     if rows_per_epoch:
         epochs = warm / rows_per_epoch + (training - warm) / (rows_per_epoch * run_length.expected_keep() * per_trained)
     return BudgetPlan(budget, phi, float(full_cost), float(before_training), epochs, steps, source)
+
+
+def _cost_of_rows(rows: float, warm_rows: float, per_trained: float) -> float:
+    """What training ``rows`` rows costs: one each during warm-up, ``per_trained`` each after it."""
+    return min(rows, warm_rows) + max(rows - warm_rows, 0.0) * per_trained
+
+
+def _check_what_it_buys(args, trained: float, rows_per_step: int, all_warm: bool, epochs: float,
+                        least_budget: float) -> None:
+    """Refuse a budget that buys less than one optimizer step (the run would take one, many times over it); say
+    so when all it buys is warm-up (selection would never start)."""
+    if trained < rows_per_step:
+        raise ValueError(
+            f"--sb_budget {args.sb_budget:g} buys less than one optimizer step of this run: about {trained:.3g} "
+            f"trained examples (over all processes), where a step trains {rows_per_step}; raise --sb_budget to at "
+            f"least {_rounded_up(least_budget):.3g}"
+        )
+    if args.sb_warmup_epochs and all_warm:
+        warnings.warn(
+            f"--sb_budget {args.sb_budget:g} buys about {epochs:.1f} epochs of training, all within "
+            f"--sb_warmup_epochs {args.sb_warmup_epochs}: every example read is trained and --sb_strategy "
+            f"{args.sb_strategy} never selects (as --sb_strategy none would train with this budget); lower "
+            "--sb_warmup_epochs, or raise --sb_budget",
+            stacklevel=4,
+        )
+
+
+def _rounded_up(value: float, digits: int = 3) -> float:
+    """``value`` rounded up to ``digits`` significant digits: a least value that, printed, is not below it."""
+    scale = 10.0 ** (math.floor(math.log10(value)) - digits + 1)
+    return math.ceil(value / scale) * scale

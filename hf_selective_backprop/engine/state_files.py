@@ -23,11 +23,11 @@ def resume_target(trainer, resume_from_checkpoint: str | bool | None):
     """The checkpoint ``trainer.train()`` resumes from, checked before anything trains. Selecting, ``True`` is the
     last *complete* checkpoint-N (transformers picks the highest, even one a killed run left half written), and a
     checkpoint of another model is refused before its weights are loaded; without selection, a selective run's
-    checkpoint is refused (the plain Trainer would skip batches by steps)."""
+    checkpoint, or one of another budget, is refused (`run_record.check_without_selection`)."""
     output_dir = trainer.args.output_dir
     if trainer.selector is None:
         if resume_from_checkpoint:
-            run_record.check_without_selection(resume_from_checkpoint, output_dir)
+            run_record.check_without_selection(resume_from_checkpoint, trainer.args)
         return resume_from_checkpoint
     if resume_from_checkpoint is True:
         resume_from_checkpoint = require_complete_checkpoint(output_dir)

@@ -227,9 +227,12 @@ def test_a_users_checkpoint_folder_survives_and_an_unfinished_run_resumes_only_w
     assert len(checkpoint_steps(out)) == 2 and max(checkpoint_steps(out)) > int(last.name.split("-")[1])
 
 
-def test_a_resume_with_another_model_flag_is_refused_before_any_data_is_read(script, tmp_path):
+@pytest.mark.parametrize("strategy", ["sb", "none"])
+def test_a_resume_with_another_model_flag_is_refused_before_any_data_is_read(script, tmp_path, strategy):
+    # A run without selection (no sb_state.pt) records its model flags in trainer_state.json: its resume used to
+    # fail on the weights with torch's raw size mismatch, after the data was loaded.
     out = tmp_path / "run"
-    script(out, "--save_strategy", "steps", "--save_steps", "1")
+    script(out, "--save_strategy", "steps", "--save_steps", "1", "--sb_strategy", strategy)
     last = max(out.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
     loads = len(script.loads)
     # A later flag overrides the common arguments' one.
@@ -237,8 +240,24 @@ def test_a_resume_with_another_model_flag_is_refused_before_any_data_is_read(scr
     with pytest.raises(ValueError, match=rf"^Cannot resume from .*{last.name}: the model flags differ from the saved "
                        rf"run's:\n  {flag}: saved {saved}, now '?{now}'?\n.*resume with the saved values"):
         script(out, "--save_strategy", "steps", "--save_steps", "1", "--resume_from_checkpoint", str(last),
-               flag, str(now), "--num_train_epochs", "2")
+               flag, str(now), "--num_train_epochs", "2", "--sb_strategy", strategy)
     assert len(script.loads) == loads  # refused before any data was loaded
+    # The same flags continue the run.
+    script(out, "--save_strategy", "steps", "--save_steps", "1", "--resume_from_checkpoint", str(last),
+           "--num_train_epochs", "2", "--sb_strategy", strategy)
+    assert max(checkpoint_steps(out)) > int(last.name.split("-")[1])
+
+
+def test_a_plain_budget_runs_resume_with_another_budget_is_refused_before_any_data_is_read(script, tmp_path):
+    out = tmp_path / "run"
+    run = ("--save_strategy", "steps", "--save_steps", "1", "--sb_strategy", "none", "--num_train_epochs", "2")
+    script(out, *run, "--sb_budget", "0.5")
+    first = min(out.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    loads = len(script.loads)
+    with pytest.raises(ValueError, match=r"this run's budget differs from the saved run's:\n  --sb_budget: saved 0.5, "
+                       r"now 0.75\n"):
+        script(out, *run, "--sb_budget", "0.75", "--resume_from_checkpoint", str(first))
+    assert len(script.loads) == loads
 
 
 # ---- one run per folder ---------------------------------------------------------------------------

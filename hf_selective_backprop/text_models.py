@@ -50,13 +50,16 @@ class TextModelArguments:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
 
 
-def model_flags(args: TextModelArguments) -> dict:
+def model_flags(args: TextModelArguments, max_length: int | None = None) -> dict:
     """The flags that decide the model's shapes (those that apply): recorded with each checkpoint and compared
-    when a run resumes (engine/run_record.py)."""
+    when a run resumes (engine/run_record.py). ``max_length`` is the script's --max_length, the positions of a
+    model built from scratch."""
     flags = {"--model_name_or_path": args.model_name_or_path, "--tokenizer_name": args.tokenizer_name}
     if args.model_name_or_path is None:
         flags.update({"--num_layers": args.num_layers, "--hidden_size": args.hidden_size,
                       "--num_heads": args.num_heads, "--intermediate_size": args.intermediate_size})
+        if max_length is not None:
+            flags["--max_length"] = max_length
     if args.model_name_or_path is None and args.tokenizer_name is None:
         flags["--vocab_size"] = args.vocab_size  # a tokenizer learnt from the training split
     return flags

@@ -167,7 +167,27 @@ def _check_column(dataset: datasets.Dataset, column: str, flag: str) -> None:
 
 
 def find_text_column(dataset: datasets.Dataset, given: str | None = None) -> str:
-    return _find_column(dataset, given, "text", TEXT_COLUMNS, lambda name: _dtype(dataset, name) in STRING_DTYPES)
+    column = _find_column(dataset, given, "text", TEXT_COLUMNS, lambda name: _dtype(dataset, name) in STRING_DTYPES)
+    check_text_column(dataset, column)
+    return column
+
+
+def check_text_column(dataset: datasets.Dataset, column: str, where: str = "") -> None:
+    """Refuse a --text_column that holds no strings (ids, labels, lists): the tokenizer would fail on it naming
+    neither the flag nor the column."""
+    if _dtype(dataset, column) in STRING_DTYPES:
+        return
+    strings = [name for name in dataset.column_names if _dtype(dataset, name) in STRING_DTYPES]
+    raise ValueError(
+        f"--text_column {column!r}{where} holds {feature_kind(dataset, column)} values, not text: pass a column of "
+        f"strings ({'here: ' + ', '.join(strings) if strings else 'this dataset has none'})"
+    )
+
+
+def feature_kind(dataset: datasets.Dataset, column: str) -> str:
+    """What a column holds, for messages: its dtype (int64, string), else its feature's kind (list, image)."""
+    feature = dataset.features[column]
+    return getattr(feature, "dtype", None) or type(feature).__name__.lower()
 
 
 def find_label_column(dataset: datasets.Dataset, given: str | None = None) -> str:

@@ -175,6 +175,27 @@ def test_the_sft_script_trains_label_completions_scored_on_the_answer_alone(revi
     assert 0.0 <= json.loads((out / "eval_results.json").read_text())["eval_mean_token_accuracy"] <= 1.0
 
 
+@pytest.mark.parametrize("label_column, message", [
+    # The text as its own label: every text its own class, and the completion repeated the prompt, silently.
+    ("review", r"^--label_column 'review' is the text column: the labels must be a column of their own \(here: id, "
+               r"sentiment, tags\)"),
+    # A column of lists: a raw error from datasets' unique().
+    ("tags", r"^--label_column 'tags' holds list values: text-classification needs class labels, integers 0..K-1, "
+             r"strings or a ClassLabel"),
+])
+def test_completions_from_a_column_that_holds_no_labels_are_refused_naming_it(tmp_path, label_column, message):
+    from text_tiny import NEGATIVE, POSITIVE
+
+    folder = tmp_path / "tagged"
+    folder.mkdir()
+    rows = [{"id": i, "review": text, "sentiment": "pos" if text in POSITIVE else "neg", "tags": text.split()[:2]}
+            for i, text in enumerate(POSITIVE + NEGATIVE)]
+    (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows * 4))
+    with pytest.raises(ValueError, match=message):
+        _sft_script(folder, tmp_path / "sft", "--completion_from_label", "true", "--label_column", label_column)
+    assert not (tmp_path / "sft" / "tokenizer.json").exists()
+
+
 def test_label_completions_pair_each_text_with_its_label_name_and_refuse_unlabelled_rows():
     rows = Dataset.from_dict({"sentence": ["fine film", "dull", "?"], "label": [1, 0, -1], "idx": [0, 1, 2]})
     pairs = label_completions(rows.select([0, 1]), "sentence", "label", ["negative", "positive"])

@@ -196,6 +196,13 @@ def test_completions_from_a_column_that_holds_no_labels_are_refused_naming_it(tm
     assert not (tmp_path / "sft" / "tokenizer.json").exists()
 
 
+@pytest.mark.parametrize("strategy", ["sb", "none"])
+def test_a_max_length_below_one_is_refused_when_the_config_is_built(output_dir, strategy):
+    # SFTConfig takes --max_length 0, which no text fits: train_sft.py read the data and learnt a tokenizer first.
+    with pytest.raises(ValueError, match=r"^--max_length must be >= 1 \(or None: no truncation\), got 0"):
+        config(output_dir, max_length=0, sb_strategy=strategy)
+
+
 def test_label_completions_pair_each_text_with_its_label_name_and_refuse_unlabelled_rows():
     rows = Dataset.from_dict({"sentence": ["fine film", "dull", "?"], "label": [1, 0, -1], "idx": [0, 1, 2]})
     pairs = label_completions(rows.select([0, 1]), "sentence", "label", ["negative", "positive"])

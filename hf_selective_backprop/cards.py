@@ -18,7 +18,7 @@ from transformers.trainer_utils import has_length
 
 from .data.specs import KNOWN_DATASETS
 from .engine.accounting import full_pass_summary
-from .engine.budget import PHI_COST_MODEL, PHI_GIVEN, PHI_MEASURED, PHI_MEASURING
+from .engine.budget import PHI_COST_MODEL, PHI_GIVEN, PHI_MEASURED, PHI_MEASURING, PHI_NOT_MEASURED
 
 TEMPLATE_PATH = Path(str(files(__package__).joinpath("templates", "selective_backprop.md")))
 TASKS = {
@@ -57,7 +57,8 @@ MISSING = "n/a"
 PHI_SOURCES = {
     PHI_GIVEN: "given",
     PHI_MEASURED: "measured on the run's first optimizer steps",
-    PHI_MEASURING: "the cost model's: the run ended before it was measured",
+    PHI_MEASURING: "the cost model's, until it is measured",
+    PHI_NOT_MEASURED: "the cost model's: the run ended before it was measured",
     PHI_COST_MODEL: "the cost model's",
 }
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")

@@ -22,6 +22,7 @@ from transformers import (  # noqa: E402
 
 # Registers the 32x32-native networks (cifar_resnet20, cifar_convnet_half, ...) as timm architectures.
 from . import cifar_nets  # noqa: E402,F401
+from .engine.checkpoints import require_readable_model  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ class ModelArguments:
                 "--pretrained loads timm's weights for --model, --model_name_or_path loads a saved classifier: "
                 "pass one of them"
             )
+        require_readable_model(self.model_name_or_path)  # here, before any data is read
 
     @property
     def name(self) -> str:

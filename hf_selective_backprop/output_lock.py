@@ -8,7 +8,9 @@ deletes nothing and leaves no window in which two processes both find it free (d
 creating another did: two processes that both read the stale lock could both own the folder). The file holds
 the owner's host and pid for the messages. A free lock naming another host (whose process cannot be checked,
 nor its ``flock`` on every file system), or a live process of this host and no ``flock`` (a run of an older
-version), is still refused; one naming a process gone from this host is taken over with a warning.
+version), is still refused; one naming a process gone from this host is taken over with a warning. Anything
+else at the lock's path (a symbolic link, which would lead the lock's writes out of the folder; a FIFO, whose read
+would wait for good; a directory) is refused and left as it is.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import logging
 import os
 import socket
+import stat
 import time
 
 from accelerate import PartialState
@@ -56,18 +59,19 @@ def _claim(output_dir: str) -> tuple[str, int]:
     os.makedirs(output_dir, exist_ok=True)
     path = os.path.join(output_dir, LOCK_FILE)
     while True:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        descriptor = _open_lock_file(output_dir, path)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            holder = _holder(descriptor)
             os.close(descriptor)
-            raise ValueError(_in_use(output_dir, _holder(path), path)) from None
+            raise ValueError(_in_use(output_dir, holder, path)) from None
         if _same_file(descriptor, path):
             break
         # The owner this descriptor waited on has released the folder and deleted this file: claim the
         # one at the path now (or a newer claimant's) instead of an unlinked copy.
         os.close(descriptor)
-    holder = _holder(path)
+    holder = _holder(descriptor)
     if holder is not None:
         if _live(holder):
             os.close(descriptor)
@@ -79,6 +83,34 @@ def _claim(output_dir: str) -> tuple[str, int]:
     return path, descriptor
 
 
+def _open_lock_file(output_dir: str, path: str) -> int:
+    """A descriptor of the regular file at ``path``, created if need be; never through a symbolic link (which could
+    lead out of the output folder) and without waiting on a FIFO."""
+    try:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as error:  # ELOOP: a symbolic link; EISDIR: a directory
+        raise ValueError(_not_a_lock_file(output_dir, path)) from error
+    if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        os.close(descriptor)
+        raise ValueError(_not_a_lock_file(output_dir, path))
+    return descriptor
+
+
+def _not_a_lock_file(output_dir: str, path: str) -> str:
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError as error:
+        what = f"unusable ({error.strerror})"
+    else:
+        kinds = {stat.S_ISLNK: "a symbolic link", stat.S_ISDIR: "a directory", stat.S_ISFIFO: "a FIFO",
+                 stat.S_ISSOCK: "a socket"}
+        what = next((kind for test, kind in kinds.items() if test(mode)), "a device or other special file")
+    return (
+        f"--output_dir {output_dir!r}: {path} is {what}, not the lock file a run keeps there (a regular file): "
+        "delete it, or choose another --output_dir"
+    )
+
+
 def _same_file(descriptor: int, path: str) -> bool:
     try:
         on_disk = os.stat(path)
@@ -88,10 +120,10 @@ def _same_file(descriptor: int, path: str) -> bool:
     return (held.st_dev, held.st_ino) == (on_disk.st_dev, on_disk.st_ino)
 
 
-def _holder(path: str) -> dict | None:
+def _holder(descriptor: int) -> dict | None:
+    """The owner the lock file names (read through its descriptor: the path is not opened again)."""
     try:
-        with open(path) as handle:
-            holder = json.load(handle)
+        holder = json.loads(os.pread(descriptor, 4096, 0))
     except (OSError, ValueError):
         return None
     return holder if isinstance(holder, dict) and "pid" in holder else None

@@ -40,6 +40,8 @@ class SelectiveBackpropSFTConfig(SelectiveBackpropArguments, SFTConfig):
 
     def _validate_sb(self) -> None:
         super()._validate_sb()
+        if self.max_length is not None and self.max_length < 1:  # SFTConfig takes it: no text would fit
+            raise ValueError(f"--max_length must be >= 1 (or None: no truncation), got {self.max_length}")
         if self.sb_strategy == "none":
             return
         if self.label_smoothing_factor > 0:

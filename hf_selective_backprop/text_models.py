@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoModelForSequenceClassification,
     AutoTokenizer,
@@ -16,6 +17,8 @@ from transformers import (
     GPT2LMHeadModel,
     PreTrainedModel,
 )
+
+from .engine.checkpoints import require_readable_model
 
 logger = logging.getLogger(__name__)
 
@@ -48,15 +51,21 @@ class TextModelArguments:
             raise ValueError(f"--num_heads {self.num_heads} must divide --hidden_size {self.hidden_size}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+        # Here, before any data is read.
+        require_readable_model(self.model_name_or_path, "--model_name_or_path")
+        require_readable_model(self.tokenizer_name, "--tokenizer_name")
 
 
-def model_flags(args: TextModelArguments) -> dict:
+def model_flags(args: TextModelArguments, max_length: int | None = None) -> dict:
     """The flags that decide the model's shapes (those that apply): recorded with each checkpoint and compared
-    when a run resumes (engine/run_record.py)."""
+    when a run resumes (engine/run_record.py). ``max_length`` is the script's --max_length, the positions of a
+    model built from scratch."""
     flags = {"--model_name_or_path": args.model_name_or_path, "--tokenizer_name": args.tokenizer_name}
     if args.model_name_or_path is None:
         flags.update({"--num_layers": args.num_layers, "--hidden_size": args.hidden_size,
                       "--num_heads": args.num_heads, "--intermediate_size": args.intermediate_size})
+        if max_length is not None:
+            flags["--max_length"] = max_length
     if args.model_name_or_path is None and args.tokenizer_name is None:
         flags["--vocab_size"] = args.vocab_size  # a tokenizer learnt from the training split
     return flags
@@ -74,15 +83,28 @@ def load_tokenizer(args: TextModelArguments):
     return tokenizer
 
 
-def fitted_max_length(max_length: int, tokenizer) -> int:
-    """--max_length, or the model's own limit where that is shorter (its tokenizer's ``model_max_length``, as
-    the Hugging Face example scripts take it): a longer row would index past the model's position embeddings."""
-    limit = getattr(tokenizer, "model_max_length", None)
-    if limit is None or limit >= max_length:
+def model_positions(args: TextModelArguments) -> int | None:
+    """The positions a pretrained model (--model_name_or_path) has: its config's ``max_position_embeddings``
+    (``n_positions`` in GPT-2 style configs); None for a model built from scratch, which --max_length sizes."""
+    if args.model_name_or_path is None:
+        return None
+    config = AutoConfig.from_pretrained(args.model_name_or_path)
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+
+
+def fitted_max_length(max_length: int, tokenizer, positions: int | None = None) -> int:
+    """--max_length, or the model's own limit where that is shorter: its tokenizer's ``model_max_length`` (as the
+    Hugging Face example scripts take it), or the model's ``positions`` (`model_positions`), which a tokenizer saved
+    without a limit does not know: a longer row would index past the model's position embeddings."""
+    limits = [("its tokenizer's model_max_length", getattr(tokenizer, "model_max_length", None)),
+              ("its config's max_position_embeddings", positions)]
+    known = [(limit, i, name) for i, (name, limit) in enumerate(limits) if limit is not None and limit < max_length]
+    if not known:
         return max_length
+    limit, _, name = min(known)
     logger.warning(
-        "--max_length %d is longer than the model takes (its tokenizer's model_max_length, %d): texts are "
-        "truncated to %d tokens", max_length, limit, limit,
+        "--max_length %d is longer than the model takes (%s, %d): texts are truncated to %d tokens",
+        max_length, name, limit, limit,
     )
     return limit
 

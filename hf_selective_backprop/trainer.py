@@ -1,16 +1,14 @@
 """`SelectiveBackpropMixin`: a selection engine in front of each step of any `Trainer` subclass.
 
-`SelectiveBackpropTrainer` is the mixin on transformers' `Trainer`; `seq2seq.py` and `sft.py` put it
-on `Seq2SeqTrainer` and TRL's `SFTTrainer`. The Trainer's own loop, optimizer step and gradient
-accumulation stay untouched. The mixin only wires `SelectionEngine` into the Trainer's hooks: the
-sampler (decisions before loading), the epoch start, `get_batch_samples` (selection batches in,
-exactly `gradient_accumulation_steps` full micro-batches out), `compute_loss` (weights, store
-refresh), logging and checkpoints.
+`SelectiveBackpropTrainer` is the mixin on transformers' `Trainer` (`seq2seq.py` and `sft.py` put it on
+`Seq2SeqTrainer` and TRL's `SFTTrainer`). The Trainer's loop, optimizer step and gradient accumulation stay
+untouched; the mixin only wires `SelectionEngine` into its hooks: the sampler (decisions before loading), the epoch
+start, `get_batch_samples` (selection batches in, exactly `gradient_accumulation_steps` full micro-batches out),
+`compute_loss` (weights, store refresh), logging and checkpoints; the run's length, budget and files are the engine's.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from functools import partial
 
@@ -21,8 +19,8 @@ from transformers.trainer_utils import has_length
 from . import _compat, loss_check, parallelism
 from .cards import write_trainer_card
 from .config import check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
-from .engine import SelectionEngine, budget, distributed, reference, rotation, run_record, state_files, streams
-from .engine.accounting import STATS_FILE, WALL_CLOCK_FIGURES, finish_run, run_summary
+from .engine import SelectionEngine, budget, reference, rotation, run_record, state_files, streams
+from .engine.accounting import STATS_FILE, finish_run, logged_counters, run_summary
 from .engine.callback import SelectionFlowCallback
 from .engine.data_state import DataState
 from .engine.engine import WEIGHT_KEY
@@ -67,6 +65,8 @@ class SelectiveBackpropMixin:
     #: The command-line flags the model was built from ({"--num_layers": 2, ...}), set by the scripts: recorded
     #: with each checkpoint, so that a resume with other ones is refused before data (run_record.check_model_flags).
     model_flags: dict | None = None
+    #: A run without selection given --sb_budget: the share of the full run's steps it takes.
+    plain_budget: budget.PlainBudget | None = None
 
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
         given = selective_arguments(args, kwargs)
@@ -121,10 +121,9 @@ class SelectiveBackpropMixin:
         # Text rows from different selection batches have different lengths: re-pad each micro-batch.
         self._engine_batch_size = _compat.train_batch_size(self)  # the Trainer's, which the engine's sizes follow
         task = model_task(self.accelerator.unwrap_model(self.model))
-        padding = self._queue_padding(task != "classification", task == "seq2seq-lm")
         return self.engine_class(
             self.args, self.selector, self._selection_scorer(), self.accelerator, self._micro_batch_rows(),
-            self._selection_batch_size(), padding=padding,
+            self._selection_batch_size(), padding=self._queue_padding(task != "classification", task == "seq2seq-lm"),
         )
 
     def _selection_scorer(self) -> SelectionScorer:
@@ -139,8 +138,7 @@ class SelectiveBackpropMixin:
 
     def _queue_padding(self, token_labels: bool, encoder_decoder: bool) -> dict:
         """How the queue pads text rows again: as the data collator padded them."""
-        return queue_padding(self.data_collator, self.processing_class, self.label_name, token_labels,
-                             encoder_decoder)
+        return queue_padding(self.data_collator, self.processing_class, self.label_name, token_labels, encoder_decoder)
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
@@ -159,19 +157,18 @@ class SelectiveBackpropMixin:
             raise ValueError("the training dataset is empty")
         # The loader yields selection batches; training batches are assembled from them.
         self._planned_sampler = None
-        args = self.args
         data_state = DataState.for_training(
-            self.train_dataset, self.data_collator, args.dataloader_num_workers,
+            self.train_dataset, self.data_collator, self.args.dataloader_num_workers,
             self.accelerator.dataloader_config.dispatch_batches,
         )
         # Wrapped for the training loader only: evaluation batches are not read by the engine.
-        collator = data_state.wrap(keeping_ids(self.data_collator, args.sb_index_column))
+        collator = data_state.wrap(keeping_ids(self.data_collator, self.args.sb_index_column))
         with streams.own_share(self.accelerator, self.train_dataset):  # a stream split by rank: read as it is
             loader = _compat.dataloader(
                 self, self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler, collator
             )
         self.engine.attach(loader, self._planned_sampler, data_state, run_record.describe(
-            args, self.train_dataset, self.accelerator.unwrap_model(self.model), self.model_flags
+            self.args, self.train_dataset, self.accelerator.unwrap_model(self.model), self.model_flags
         ))
         return loader
 
@@ -193,36 +190,15 @@ class SelectiveBackpropMixin:
 
     def set_initial_training_values(self, args, dataloader):
         values = super().set_initial_training_values(args, dataloader)
-        if self.selector is None:
-            if args.sb_budget is None:
-                return values
-            # The budget-matched plain run: F of the full run's steps, which the Trainer's schedule then spans.
-            values = _compat.training_values(values)
-            self._full_steps = values.max_steps
-            return values._replace(max_steps=budget.plain_steps(args, values.max_steps))
+        if self.selector is None:  # the Trainer's values; the budget-matched plain run takes F of their steps
+            self.plain_budget = None if args.sb_budget is None else budget.PlainBudget(args.sb_budget)
+            return values if self.plain_budget is None else self.plain_budget.loop_values(values)
         values = _compat.training_values(values)
         self._run_length = RunLength.for_run(
             args, self.selector.expected_keep_fraction(), dataloader, values.num_examples,
             self.accelerator.num_processes, _compat.train_batch_size(self), self._selection_batch_size(),
         )
-        epoch_based = has_length(dataloader) and args.max_steps <= 0
-        plan = replan = None
-        if args.sb_budget is not None:
-            plan = state_files.saved_budget(self._resumed_from)
-            if plan is None:
-                stats = self.engine.stats  # the reference pass, scored before this ('rholoss')
-                scored = distributed.sum_over_processes(self.accelerator, {"rows": stats.reference_forwards})["rows"]
-            else:
-                scored = plan.before_training / plan.phi  # the reference pass the saved plan paid for
-            # The plan for a phi measured on the first steps (--sb_cost_phi not given): made anew then.
-            replan = partial(budget.plan, args, self._run_length, self.selector, self.accelerator.num_processes,
-                             epoch_based, scored)
-            plan = plan or replan()
-        self.engine.set_run_length(epoch_based, plan, replan)
-        if has_length(dataloader):  # a stream keeps the Trainer's values: it is step-based
-            values = self._run_length.loop_values(values, args, self.engine.epoch_based)
-        if plan is not None:
-            values = values._replace(num_train_epochs=sys.maxsize, max_steps=plan.steps)  # it ends by cost
+        values = budget.loop_values(self.engine, args, self._run_length, values, dataloader, self._resumed_from)
         self._expected_steps = values.max_steps
         return values
 
@@ -263,8 +239,7 @@ class SelectiveBackpropMixin:
         if resume_from_checkpoint is None:
             return epochs_trained, skipped
         state_files.load(self.engine, resume_from_checkpoint, self.args.ignore_data_skip)
-        # The Trainer's skip counts batches as a fixed multiple of optimizer steps, which selection
-        # breaks; the engine's sampler skips the rows already read instead (without loading them).
+        # The Trainer skips batches by steps, which selection breaks: the engine's sampler skips the rows read instead.
         return self.engine.epoch, 0
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
@@ -339,22 +314,13 @@ class SelectiveBackpropMixin:
         return {**summary, **self.engine.budget_summary()}
 
     def log(self, logs, start_time=None):
-        if self.selector is None and self.args.sb_budget is not None and ("loss" in logs or "train_runtime" in logs):
-            # A plain run's cost is its steps: the share of the full run's spent.
-            logs = {**logs, "sb/budget_spent": self.state.global_step / self._full_steps}
-        if self.selector is not None and ("loss" in logs or "train_runtime" in logs):
-            # Counters only: wall-clock figures differ between a resumed and an uninterrupted run, so
-            # they are in train()'s metrics and sb_stats.json, not in the log history.
-            summary = {k: v for k, v in self.selection_summary().items() if k not in WALL_CLOCK_FIGURES}
-            logs = {**logs, **{f"sb/{k}": v for k, v in summary.items()}}
-        super().log(logs, start_time)
+        # A training log carries the run's counters; without any, the Trainer completes its own dict in place.
+        counters = logged_counters(self) if "loss" in logs or "train_runtime" in logs else {}
+        super().log({**logs, **counters} if counters else logs, start_time)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        resume_from_checkpoint = state_files.resume_target(
-            resume_from_checkpoint, self.args.output_dir, selecting=self.selector is not None
-        )
-        if self.selector is not None and isinstance(resume_from_checkpoint, str):
-            run_record.check_model(resume_from_checkpoint, self.accelerator.unwrap_model(self.model))
+        resume_from_checkpoint = state_files.resume_target(self, resume_from_checkpoint)
+        run_record.PlainRunRecord.attach(self)  # without selection: the budget and model flags a resume compares
         try:
             output = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:
@@ -362,8 +328,7 @@ class SelectiveBackpropMixin:
                 self._flow_callback.stop_filtering()
                 rotation.train_ended(self)
         if self.selector is not None:
-            # Without selection the output folder and metrics are the Trainer's own (cards.training_costs
-            # gives such a run's counters).
+            # Without selection, the Trainer's own folder and metrics (cards.training_costs counts such a run).
             self.sb_stats = finish_run(self, output.metrics, self._expected_steps)
         return output
 

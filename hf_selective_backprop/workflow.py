@@ -139,12 +139,13 @@ def resume_checkpoint(config: SelectiveBackpropConfig) -> str | None:
     """The checkpoint folder ``--resume_from_checkpoint`` names, checked; None to start afresh.
 
     ``True`` or ``last`` (a command line can only pass strings) take the last complete checkpoint
-    in ``--output_dir``, as ``SelectiveBackpropTrainer.train(resume_from_checkpoint=True)`` does.
+    in ``--output_dir``, as ``SelectiveBackpropTrainer.train(resume_from_checkpoint=True)`` does. ``config`` may
+    be plain `TrainingArguments` (scripts/pretrain_lm.py): a run without selection.
     """
     value = config.resume_from_checkpoint
     if value is None:
         return None
-    selective = config.sb_strategy != "none"
+    selective = getattr(config, "sb_strategy", "none") != "none"
     flag = f"--resume_from_checkpoint {value!r}"
     if str(value).strip().lower() in ("true", "last"):
         # The trainer's own choice for True: the last checkpoint with selection state for a selective
@@ -161,6 +162,8 @@ def resume_checkpoint(config: SelectiveBackpropConfig) -> str | None:
             )
         value = found
     _check_checkpoint(str(value), flag, selective)
+    if not selective:  # a selective run's checkpoint, or another budget: refused before any data is read
+        run_record.check_without_selection(str(value), config)
     logger.info("resuming from %s", value)
     return str(value)
 

@@ -7,8 +7,9 @@ stand-in for a downloaded checkpoint that benchmarks/run_finetune.sh fine-tunes 
 
 A WordPiece tokenizer is learnt from the same text and saved with the model (save_pretrained), with
 train_results.json (the pretraining's time). After an interruption the same command plus
-`--resume_from_checkpoint True` continues from the last checkpoint, with the tokenizer saved at the start.
-Every flag: --help.
+`--resume_from_checkpoint True` continues from the last checkpoint, with the tokenizer saved in it.
+An --output_dir that already holds files is refused unless resuming or given --overwrite_output_dir, as the
+other scripts refuse it. Every flag: --help.
 """
 
 import os
@@ -25,11 +26,18 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
-from transformers.trainer_utils import get_last_checkpoint
 
 from hf_selective_backprop.data.sources import load_splits
-from hf_selective_backprop.data.text import texts_of, train_wordpiece_tokenizer
-from hf_selective_backprop.text_models import TextModelArguments, build_text_model
+from hf_selective_backprop.data.text import check_text_column, texts_of, train_wordpiece_tokenizer
+from hf_selective_backprop.engine import run_record
+from hf_selective_backprop.output_lock import claimed
+from hf_selective_backprop.text_models import TextModelArguments, build_text_model, model_flags
+from hf_selective_backprop.workflow import (
+    OutputArguments,
+    check_output_dir,
+    check_output_dir_is_free,
+    resume_checkpoint,
+)
 
 OBJECTIVES = ("mlm", "causal")
 
@@ -68,11 +76,19 @@ class PretrainArguments:
             raise ValueError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {self.objective!r}")
         if not 0.0 < self.mlm_probability < 1.0:
             raise ValueError(f"--mlm_probability must be in (0, 1), got {self.mlm_probability}")
+        if not self.split_names():
+            raise ValueError(f"--splits names no split (got {self.splits!r}): pass comma-separated split names, "
+                             "e.g. train,validation")
+        if self.max_length < 1:
+            raise ValueError(f"--max_length must be >= 1, got {self.max_length}")
+
+    def split_names(self) -> list[str]:
+        return [name.strip() for name in self.splits.split(",") if name.strip()]
 
 
 def read_text(args: PretrainArguments) -> datasets.Dataset:
     loaded = load_splits(args.dataset, None, None)
-    names = [name.strip() for name in args.splits.split(",") if name.strip()]
+    names = args.split_names()
     missing = [name for name in names if name not in loaded]
     if missing:
         raise ValueError(f"--splits names {missing}, which {args.dataset!r} lacks; it has {list(loaded)}")
@@ -81,23 +97,31 @@ def read_text(args: PretrainArguments) -> datasets.Dataset:
             raise ValueError(
                 f"--text_column {args.text_column!r} is not a column of split {name!r}: {loaded[name].column_names}"
             )
+        check_text_column(loaded[name], args.text_column, f" of split {name!r}")
     return datasets.concatenate_datasets([loaded[name].select_columns([args.text_column]) for name in names])
 
 
 def main() -> None:
-    parser = HfArgumentParser((PretrainArguments, TextModelArguments, TrainingArguments))
+    parser = HfArgumentParser((PretrainArguments, TextModelArguments, TrainingArguments, OutputArguments))
     parser.set_defaults(**DEFAULTS)
-    args, model_args, training_args = parser.parse_args_into_dataclasses()
+    args, model_args, training_args, output_args = parser.parse_args_into_dataclasses()
+    # Cheap checks first: none of these mistakes should cost reading the dataset.
+    check_output_dir(training_args.output_dir)
+    checkpoint = resume_checkpoint(training_args)
+    flags = {**model_flags(model_args, args.max_length), "--objective": args.objective}
+    run_record.check_model_flags(checkpoint, flags)
+    check_output_dir_is_free(training_args.output_dir, checkpoint, output_args.overwrite_output_dir)
+    with claimed(training_args.output_dir):
+        pretrain(args, model_args, training_args, checkpoint, flags)
+
+
+def pretrain(args: PretrainArguments, model_args: TextModelArguments, training_args: TrainingArguments,
+             checkpoint: str | None, flags: dict) -> None:
     set_seed(training_args.seed)
     text = read_text(args)
-    resume = training_args.resume_from_checkpoint
-    if str(resume).lower() in ("true", "last"):
-        resume = get_last_checkpoint(training_args.output_dir)
-        if resume is None:
-            raise ValueError(f"--resume_from_checkpoint True: no checkpoint in {training_args.output_dir!r}")
-    if resume is not None:
-        # The vocabulary the run started with: learning it again could give other ids.
-        tokenizer = AutoTokenizer.from_pretrained(training_args.output_dir)
+    if checkpoint is not None:
+        # The vocabulary the run started with, saved in each checkpoint: learning it again could give other ids.
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     else:
         tokenizer = train_wordpiece_tokenizer(
             texts_of(text, args.text_column, max_length=args.max_length), model_args.vocab_size, args.max_length,
@@ -120,9 +144,10 @@ def main() -> None:
     collator = DataCollatorForLanguageModeling(
         tokenizer, mlm=args.objective == "mlm", mlm_probability=args.mlm_probability
     )
+    # The model's flags ride in each checkpoint (trainer_state.json): a resume with others is refused before data.
     trainer = Trainer(model=model, args=training_args, train_dataset=tokenized, data_collator=collator,
-                      processing_class=tokenizer)
-    result = trainer.train(resume_from_checkpoint=resume)
+                      processing_class=tokenizer, callbacks=[run_record.PlainRunRecord.of(training_args, flags)])
+    result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model()
     trainer.save_metrics("train", result.metrics)
     trainer.save_state()  # trainer_state.json (log history, steps) in output_dir, as the Hugging Face examples end

@@ -96,7 +96,7 @@ def main() -> None:
     config, data_args, model_args, output_args = parser.parse_args_into_dataclasses()
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
-    run_record.check_model_flags(checkpoint, model_flags(model_args))
+    run_record.check_model_flags(checkpoint, model_flags(model_args, config.max_length))
     check_output_dir_is_free(config.output_dir, checkpoint, output_args.overwrite_output_dir)
     with claimed(config.output_dir):
         run(config, data_args, model_args, checkpoint)
@@ -145,7 +145,7 @@ def run(config, data_args: SFTDataArguments, model_args: TextModelArguments, che
     trainer = SelectiveBackpropSFTTrainer(
         model=model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer
     )
-    trainer.model_flags = model_flags(model_args)
+    trainer.model_flags = model_flags(model_args, config.max_length)
     train_output = trainer.train(resume_from_checkpoint=checkpoint)
     stats = training_costs(trainer)
 

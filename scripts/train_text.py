@@ -42,6 +42,7 @@ from hf_selective_backprop.text_models import (
     fitted_max_length,
     load_tokenizer,
     model_flags,
+    model_positions,
 )
 from hf_selective_backprop.workflow import (
     OutputArguments,
@@ -72,7 +73,7 @@ def main() -> None:
     config, data_args, model_args, output_args = parser.parse_args_into_dataclasses()
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
-    run_record.check_model_flags(checkpoint, model_flags(model_args))
+    run_record.check_model_flags(checkpoint, model_flags(model_args, data_args.max_length))
     check_output_dir_is_free(config.output_dir, checkpoint, output_args.overwrite_output_dir)
     with claimed(config.output_dir):
         run(config, data_args, model_args, checkpoint)
@@ -101,7 +102,7 @@ def run(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_arg
             else:
                 tokenizer = AutoTokenizer.from_pretrained(config.output_dir)
 
-    max_length = fitted_max_length(data_args.max_length, tokenizer)
+    max_length = fitted_max_length(data_args.max_length, tokenizer, model_positions(model_args))
     with config.main_process_first(desc="tokenize"):
         columns = dict(label_column=data.label_column, text_pair_column=data_args.text_pair_column)
         train = tokenize(data.train, tokenizer, data.text_column, max_length, **columns)
@@ -124,7 +125,7 @@ def run(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_arg
         compute_metrics=compute_metrics if classification else None,
     )
 
-    trainer.model_flags = model_flags(model_args)
+    trainer.model_flags = model_flags(model_args, data_args.max_length)
     trainer.train(resume_from_checkpoint=checkpoint)
     stats = training_costs(trainer)
 

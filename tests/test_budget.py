@@ -148,10 +148,57 @@ def test_the_final_checkpoint_is_saved_and_a_resume_from_it_trains_no_more(tmp_p
     assert all(torch.equal(v, again.model.state_dict()[k]) for k, v in weights.items())
 
 
-def test_a_resume_with_another_budget_is_refused(tmp_path):
-    _train(tmp_path, sb_strategy="sb", sb_budget=0.5, save_strategy="steps", save_steps=5)
-    with pytest.raises(ValueError, match="--sb_budget: saved 0.5, now 0.25"):
-        _train(tmp_path, resume=str(tmp_path / "checkpoint-10"), sb_strategy="sb", sb_budget=0.25)
+@pytest.mark.parametrize("strategy", ["sb", "none"])
+def test_a_resume_with_another_budget_or_none_is_refused(tmp_path, strategy):
+    # A plain run (--sb_strategy none) resumed with another budget, or none, was accepted without a word: it
+    # changed length and its learning rate jumped. Its budget now rides in trainer_state.json.
+    _train(tmp_path, sb_strategy=strategy, sb_budget=0.5, save_strategy="steps", save_steps=5)
+    checkpoint = str(tmp_path / "checkpoint-10")
+    with pytest.raises(ValueError, match=rf"^Cannot resume from {checkpoint}: .*\n  --sb_budget: saved 0.5, now "
+                       r"0.25\n"):
+        _train(tmp_path, resume=checkpoint, sb_strategy=strategy, sb_budget=0.25)
+    with pytest.raises(ValueError, match=r"\n  --sb_budget: saved 0.5, now None\n"):
+        _train(tmp_path, resume=checkpoint, sb_strategy=strategy)
+    # A budget run's full run (--num_train_epochs, or --max_steps) sets what the budget buys: the saved plan kept
+    # it, while the warning said the run "continues with the new values".
+    with pytest.raises(ValueError, match=r"\n  --num_train_epochs: saved 4, now 6 \(with --sb_budget: the full "
+                       r"run whose cost the budget is a share of\)\n"):
+        _train(tmp_path, resume=checkpoint, sb_strategy=strategy, sb_budget=0.5, num_train_epochs=6)
+    resumed, _ = _train(tmp_path, resume=checkpoint, sb_strategy=strategy, sb_budget=0.5)  # the same: it continues
+    assert resumed.state.global_step > 10
+
+
+def test_a_plain_runs_checkpoint_without_a_budget_is_not_resumed_with_one(tmp_path):
+    _train(tmp_path, sb_strategy="none", save_strategy="steps", save_steps=5, max_steps=10)
+    with pytest.raises(ValueError, match=r"\n  --sb_budget: saved None, now 0.5\n"):
+        _train(tmp_path, resume=str(tmp_path / "checkpoint-10"), sb_strategy="none", sb_budget=0.5)
+
+
+@pytest.mark.parametrize("strategy", ["sb", "uniform", "none"])
+def test_a_budget_too_small_for_one_optimizer_step_is_refused_before_any_step(tmp_path, strategy):
+    # It took a step millions of times over the budget without a word.
+    with pytest.raises(ValueError, match=r"^--sb_budget 1e-09 buys less than one optimizer step of this run: .*"
+                       r"raise --sb_budget to at least "):
+        _train(tmp_path, sb_strategy=strategy, sb_budget=1e-9)
+    assert not (tmp_path / "checkpoint-1").exists()
+
+
+def test_a_budget_within_the_warm_up_says_selection_never_starts(tmp_path):
+    with pytest.warns(UserWarning, match=r"^--sb_budget 0.25 buys about 1.0 epochs of training, all within "
+                      r"--sb_warmup_epochs 2: every example read is trained and --sb_strategy sb never selects"):
+        trainer, _ = _train(tmp_path, sb_strategy="sb", sb_budget=0.25, sb_warmup_epochs=2)
+    assert trainer.sb_stats["selection_forwards"] == 0
+
+
+def test_a_run_that_ends_before_phi_is_measured_says_it_was_not(tmp_path):
+    from hf_selective_backprop.engine.phi_meter import SKIPPED_STEPS, TIMED_STEPS
+
+    trainer, _ = _train(tmp_path, sb_strategy="sb", sb_budget=0.03, sb_cost_phi=None)
+    assert trainer.state.global_step < SKIPPED_STEPS + TIMED_STEPS  # over before the timing could end
+    stats = json.loads((tmp_path / STATS_FILE).read_text())
+    assert (stats["cost_phi_source"], stats["cost_phi"]) == ("not measured", DEFAULT_PHI)  # it said "measuring"
+    trainer.create_model_card()
+    assert "(the cost model's: the run ended before it was measured)" in (tmp_path / "README.md").read_text()
 
 
 @resumes_cpu_processes

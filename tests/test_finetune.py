@@ -61,6 +61,8 @@ def test_classes_keeps_and_relabels_the_named_classes_and_keeps_ids_as_split_pos
 
 @pytest.mark.parametrize("value, message", [
     ("5", "at least 2 classes"), ("5,5", "names a class twice"), ("a,b", "comma-separated class ids"),
+    # A superscript is a digit to str.isdigit, not to int(): it was int()'s raw "invalid literal" error.
+    ("²,3", "comma-separated class ids"), ("-1,3", "comma-separated class ids"),
 ])
 def test_bad_classes_are_refused_naming_the_flag(value, message):
     with pytest.raises(ValueError, match=f"--classes.*{message}|{message}.*--classes"):

@@ -227,9 +227,12 @@ def test_a_users_checkpoint_folder_survives_and_an_unfinished_run_resumes_only_w
     assert len(checkpoint_steps(out)) == 2 and max(checkpoint_steps(out)) > int(last.name.split("-")[1])
 
 
-def test_a_resume_with_another_model_flag_is_refused_before_any_data_is_read(script, tmp_path):
+@pytest.mark.parametrize("strategy", ["sb", "none"])
+def test_a_resume_with_another_model_flag_is_refused_before_any_data_is_read(script, tmp_path, strategy):
+    # A run without selection (no sb_state.pt) records its model flags in trainer_state.json: its resume used to
+    # fail on the weights with torch's raw size mismatch, after the data was loaded.
     out = tmp_path / "run"
-    script(out, "--save_strategy", "steps", "--save_steps", "1")
+    script(out, "--save_strategy", "steps", "--save_steps", "1", "--sb_strategy", strategy)
     last = max(out.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
     loads = len(script.loads)
     # A later flag overrides the common arguments' one.
@@ -237,8 +240,24 @@ def test_a_resume_with_another_model_flag_is_refused_before_any_data_is_read(scr
     with pytest.raises(ValueError, match=rf"^Cannot resume from .*{last.name}: the model flags differ from the saved "
                        rf"run's:\n  {flag}: saved {saved}, now '?{now}'?\n.*resume with the saved values"):
         script(out, "--save_strategy", "steps", "--save_steps", "1", "--resume_from_checkpoint", str(last),
-               flag, str(now), "--num_train_epochs", "2")
+               flag, str(now), "--num_train_epochs", "2", "--sb_strategy", strategy)
     assert len(script.loads) == loads  # refused before any data was loaded
+    # The same flags continue the run.
+    script(out, "--save_strategy", "steps", "--save_steps", "1", "--resume_from_checkpoint", str(last),
+           "--num_train_epochs", "2", "--sb_strategy", strategy)
+    assert max(checkpoint_steps(out)) > int(last.name.split("-")[1])
+
+
+def test_a_plain_budget_runs_resume_with_another_budget_is_refused_before_any_data_is_read(script, tmp_path):
+    out = tmp_path / "run"
+    run = ("--save_strategy", "steps", "--save_steps", "1", "--sb_strategy", "none", "--num_train_epochs", "2")
+    script(out, *run, "--sb_budget", "0.5")
+    first = min(out.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    loads = len(script.loads)
+    with pytest.raises(ValueError, match=r"this run's budget differs from the saved run's:\n  --sb_budget: saved 0.5, "
+                       r"now 0.75\n"):
+        script(out, *run, "--sb_budget", "0.75", "--resume_from_checkpoint", str(first))
+    assert len(script.loads) == loads
 
 
 # ---- one run per folder ---------------------------------------------------------------------------
@@ -309,3 +328,32 @@ def test_processes_started_together_claim_a_folder_exactly_once(stale, tmp_path)
         assert all(worker.exitcode == 0 for worker in workers)
         assert owners.value == 1, f"trial {trial}: {owners.value} processes own the folder"
         assert not (out / LOCK_FILE).exists()  # the owner released it
+
+
+@pytest.mark.parametrize("kind, what", [
+    ("symlink", "a symbolic link"), ("dangling-symlink", "a symbolic link"), ("fifo", "a FIFO"),
+    ("directory", "a directory"),
+])
+def test_a_lock_path_that_is_not_a_lock_file_is_refused_and_left_alone(kind, what, tmp_path):
+    # A symbolic link was followed (the file it named, outside the output folder, was overwritten or created), a
+    # FIFO hung the claim for good and a directory gave a raw IsADirectoryError. A process of its own, so that a
+    # hang fails the test instead of stopping the suite.
+    out, outside = tmp_path / "run", tmp_path / "elsewhere.txt"
+    out.mkdir()
+    lock = out / LOCK_FILE
+    if kind == "symlink":
+        outside.write_text("the user's own file")
+    if kind.endswith("symlink"):
+        lock.symlink_to(outside)
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.mkdir()
+    code = f"from hf_selective_backprop.output_lock import claimed\nwith claimed({str(out)!r}):\n    pass"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr
+    message = result.stderr.strip().splitlines()[-1]
+    assert message.startswith(f"ValueError: --output_dir '{out}': {lock} is {what}, not the lock file a run keeps "
+                              "there (a regular file): delete it, or choose another --output_dir"), message
+    assert (outside.read_text() == "the user's own file") if kind == "symlink" else not outside.exists()
+    assert lock.is_symlink() if kind.endswith("symlink") else lock.exists()

@@ -75,3 +75,76 @@ def test_fine_tuning_a_model_with_fewer_positions_than_max_length_truncates_to_t
     batch = workload.data_collator([workload.train[i] for i in range(8)])
     batch.pop("sb_index", None)
     assert model(**{k: v for k, v in batch.items() if k != "labels"}).logits.shape == (8, 2)
+
+
+@pytest.fixture
+def loads(monkeypatch):
+    """How often pretrain_lm.py opens the dataset."""
+    import hf_selective_backprop.data.sources as sources
+
+    opened, load = [], sources.load_splits
+
+    def counted(*args, **kwargs):
+        opened.append(args[0])
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(sources, "load_splits", counted)
+    return opened
+
+
+def test_a_finished_run_is_not_overwritten_without_the_flag(tmp_path, loads):
+    # pretrain_lm.py replaced a finished run's weights, tokenizer and config beside its other files.
+    data, out = write_review_folder(tmp_path / "reviews"), tmp_path / "bert"
+    pretrain(data, out, "--save_strategy", "no")
+    written = {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()}
+    opened = len(loads)
+    with pytest.raises(ValueError, match=r"^--output_dir '.*bert' already holds a finished run \(model.safetensors\) "
+                       r"and other files \(.*\), which a new run would overwrite. Pass --overwrite_output_dir"):
+        pretrain(data, out, "--save_strategy", "no", "--num_layers", "2")
+    assert len(loads) == opened  # refused before the dataset was opened
+    assert {path.name: path.read_bytes() for path in out.iterdir() if path.is_file()} == written
+    pretrain(data, out, "--save_strategy", "no", "--num_layers", "2", "--overwrite_output_dir")
+    assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 2
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--splits", ","], r"^--splits names no split \(got ','\): pass comma-separated split names, e.g. train,"),
+    (["--max_length", "0"], r"^--max_length must be >= 1, got 0"),
+])
+def test_a_bad_flag_is_refused_before_anything_is_read_or_written(tmp_path, loads, flags, message):
+    # --splits ',' failed in datasets' concatenate_datasets; --max_length 0 after the tokenizer was written.
+    data, out = write_review_folder(tmp_path / "reviews"), tmp_path / "bert"
+    with pytest.raises(ValueError, match=message):
+        pretrain(data, out, *flags)
+    assert not loads and not out.exists()
+
+
+def test_a_text_column_without_text_is_refused_naming_it(tmp_path):
+    data = write_review_folder(tmp_path / "reviews")
+    with pytest.raises(ValueError, match=r"^--text_column 'id' of split 'train' holds int64 values, not text: pass a "
+                       r"column of strings \(here: review, sentiment\)"):
+        pretrain(data, tmp_path / "bert", "--text_column", "id")
+    assert not (tmp_path / "bert" / "tokenizer.json").exists()
+
+
+def test_a_resume_with_another_max_length_is_refused_before_any_data_is_read(tmp_path, loads):
+    # The model's position embeddings are --max_length long: the resume failed on the weights, after the data.
+    data, out = write_review_folder(tmp_path / "reviews"), tmp_path / "bert"
+    pretrain(data, out)
+    checkpoint = next(out.glob("checkpoint-*"))
+    opened = len(loads)
+    with pytest.raises(ValueError, match=r"the model flags differ from the saved run's:\n  --max_length: saved 64, "
+                       r"now 32\n"):
+        pretrain(data, out, "--resume_from_checkpoint", str(checkpoint), "--max_length", "32")
+    assert len(loads) == opened
+
+
+def test_a_resume_from_another_folders_checkpoint_reads_that_checkpoints_tokenizer(tmp_path):
+    # The tokenizer was read from --output_dir, which a resume into a new folder does not hold.
+    data = write_review_folder(tmp_path / "reviews")
+    pretrain(data, tmp_path / "first")
+    checkpoint = next((tmp_path / "first").glob("checkpoint-*"))
+    pretrain(data, tmp_path / "second", "--resume_from_checkpoint", str(checkpoint), "--num_train_epochs", "2")
+    first, second = (AutoTokenizer.from_pretrained(tmp_path / name) for name in ("first", "second"))
+    assert second.get_vocab() == first.get_vocab()
+    assert (tmp_path / "second" / f"checkpoint-{2 * int(checkpoint.name.split('-')[1])}").is_dir()  # epoch 2 trained

@@ -178,6 +178,34 @@ def test_the_sft_script_trains_label_completions_scored_on_the_answer_alone(revi
     assert 0.0 <= json.loads((out / "eval_results.json").read_text())["eval_mean_token_accuracy"] <= 1.0
 
 
+@pytest.mark.parametrize("label_column, message", [
+    # The text as its own label: every text its own class, and the completion repeated the prompt, silently.
+    ("review", r"^--label_column 'review' is the text column: the labels must be a column of their own \(here: id, "
+               r"sentiment, tags\)"),
+    # A column of lists: a raw error from datasets' unique().
+    ("tags", r"^--label_column 'tags' holds list values: text-classification needs class labels, integers 0..K-1, "
+             r"strings or a ClassLabel"),
+])
+def test_completions_from_a_column_that_holds_no_labels_are_refused_naming_it(tmp_path, label_column, message):
+    from text_tiny import NEGATIVE, POSITIVE
+
+    folder = tmp_path / "tagged"
+    folder.mkdir()
+    rows = [{"id": i, "review": text, "sentiment": "pos" if text in POSITIVE else "neg", "tags": text.split()[:2]}
+            for i, text in enumerate(POSITIVE + NEGATIVE)]
+    (folder / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows * 4))
+    with pytest.raises(ValueError, match=message):
+        _sft_script(folder, tmp_path / "sft", "--completion_from_label", "true", "--label_column", label_column)
+    assert not (tmp_path / "sft" / "tokenizer.json").exists()
+
+
+@pytest.mark.parametrize("strategy", ["sb", "none"])
+def test_a_max_length_below_one_is_refused_when_the_config_is_built(output_dir, strategy):
+    # SFTConfig takes --max_length 0, which no text fits: train_sft.py read the data and learnt a tokenizer first.
+    with pytest.raises(ValueError, match=r"^--max_length must be >= 1 \(or None: no truncation\), got 0"):
+        config(output_dir, max_length=0, sb_strategy=strategy)
+
+
 def test_label_completions_pair_each_text_with_its_label_name_and_refuse_unlabelled_rows():
     rows = Dataset.from_dict({"sentence": ["fine film", "dull", "?"], "label": [1, 0, -1], "idx": [0, 1, 2]})
     pairs = label_completions(rows.select([0, 1]), "sentence", "label", ["negative", "positive"])
@@ -283,12 +311,14 @@ def test_the_sft_script_resumes_with_its_checkpoints_tokenizer_exactly(review_fo
         torch.testing.assert_close(resumed[name], tensor, rtol=0, atol=0, msg=name)
 
 
+@pytest.mark.parametrize("strategy", ["sb", "none"])
 @pytest.mark.parametrize("flag, value", [("--vocab_size", "80"), ("--num_layers", "2")])
-def test_the_sft_script_refuses_a_resume_with_another_model_flag(review_folder, tmp_path, flag, value):
+def test_the_sft_script_refuses_a_resume_with_another_model_flag(review_folder, tmp_path, flag, value, strategy):
     # The resumed run reuses the checkpoint's tokenizer: another --vocab_size was ignored without a word,
-    # another --num_layers failed on the weights after the data was loaded.
+    # another --num_layers failed on the weights after the data was loaded; without selection, until the run
+    # recorded its flags in trainer_state.json, both still did.
     out = tmp_path / "sft"
-    run = ("--sb_strategy", "sb", "--sb_keep", "0.5", "--save_total_limit", "1")
+    run = ("--sb_strategy", strategy, "--sb_keep", "0.5", "--save_total_limit", "1")
     _sft_script(review_folder, out, *run)
     last = next(out.glob("checkpoint-*"))
     saved = {"--vocab_size": 60, "--num_layers": 1}[flag]

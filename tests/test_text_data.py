@@ -175,3 +175,68 @@ def test_tokenizer_training_reads_only_what_max_length_can_use():
     batches = list(texts_of(data, "text", max_length=16))
     assert batches == [["short text", long_text[: 16 * WORDPIECE_MAX_WORD_CHARS]]]
     assert list(texts_of(data, "text")) == [["short text", long_text]]  # without max_length, as they are
+
+
+def test_a_text_column_without_strings_is_refused_naming_it(review_folder):
+    # The tokenizer failed on the integers, naming neither the flag nor the column.
+    with pytest.raises(ValueError, match=r"^--text_column 'id' holds int64 values, not text: pass a column of strings "
+                       r"\(here: review, sentiment\)"):
+        load_text_data(TextDataArguments(dataset=str(review_folder), text_column="id", label_column="sentiment"))
+
+
+@pytest.mark.parametrize("arguments", ["text", "image"])
+@pytest.mark.parametrize("damaged", ["model.safetensors", "config.json"])
+def test_a_truncated_model_folder_is_refused_naming_the_flag_and_the_file(tmp_path, damaged, arguments):
+    # from_pretrained's errors (safetensors' "incomplete metadata", a JSON decode error) named neither.
+    from text_tiny import sequence_classifier
+
+    from hf_selective_backprop.models import ModelArguments
+    from hf_selective_backprop.text_models import TextModelArguments
+
+    folder = tmp_path / "bert"
+    sequence_classifier().save_pretrained(folder)
+    whole = (folder / damaged).read_bytes()
+    (folder / damaged).write_bytes(whole[: len(whole) // 2])  # a copy or a save cut short
+    with pytest.raises(ValueError, match=rf"^--model_name_or_path '{folder}': {damaged} cannot be read \(truncated or "
+                       r"damaged"):
+        (TextModelArguments if arguments == "text" else ModelArguments)(model_name_or_path=str(folder))
+
+
+def test_max_length_is_fitted_to_the_models_positions_when_the_tokenizer_has_no_limit(tmp_path, caplog):
+    # A tokenizer saved without model_max_length reads as unlimited: 32-token rows overran the model's 8 positions.
+    from text_tiny import sequence_classifier, word_tokenizer, write_split
+
+    (tmp_path / "long").mkdir()
+    rows = [{"review": " ".join(POSITIVE), "sentiment": "pos"}, {"review": " ".join(NEGATIVE), "sentiment": "neg"}]
+    write_split(tmp_path / "long" / "train.csv", rows * 8)  # 16 texts of 14 and 11 words
+    folder = tmp_path / "bert"
+    tokenizer = word_tokenizer(POSITIVE + NEGATIVE)
+    sequence_classifier(max_position_embeddings=8, vocab_size=len(tokenizer)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
+    settings.pop("model_max_length", None)
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    out = tmp_path / "run"
+    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.text_models"):
+        run_script(["--dataset", str(tmp_path / "long"), "--label_column", "sentiment", "--model_name_or_path",
+                    str(folder), "--max_length", "32", "--sb_strategy", "none", "--eval_split", "none",
+                    "--eval_strategy", "no", "--per_device_train_batch_size", "8", "--use_cpu", "--disable_tqdm",
+                    "true", "--save_strategy", "no", "--output_dir", str(out)])
+    assert ("--max_length 32 is longer than the model takes (its config's max_position_embeddings, 8): texts are "
+            "truncated to 8 tokens") in caplog.text
+    assert (out / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("strategy", ["sb", "none"])
+def test_a_resume_with_another_max_length_is_refused_naming_it(review_folder, tmp_path, strategy):
+    # A model built from scratch has --max_length positions: a shorter one failed on the weights with torch's size
+    # mismatch (a longer one is cut to the saved tokenizer's model_max_length, with a warning).
+    out = tmp_path / "run"
+    run = ["--dataset", str(review_folder), "--label_column", "sentiment", "--sb_strategy", strategy,
+           "--eval_split", "none", "--eval_strategy", "no", "--output_dir", str(out), *COMMON,
+           "--save_strategy", "epoch"]
+    run_script([*run, "--num_train_epochs", "1"])
+    checkpoint = next(out.glob("checkpoint-*"))
+    with pytest.raises(ValueError, match=r"the model flags differ from the saved run's:\n  --max_length: saved 16, now "
+                       r"8\n"):
+        run_script([*run, "--num_train_epochs", "2", "--max_length", "8", "--resume_from_checkpoint", str(checkpoint)])

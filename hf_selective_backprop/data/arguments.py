@@ -118,7 +118,8 @@ class DataArguments:
         if self.classes is None:
             return None
         parts = [part.strip() for part in str(self.classes).split(",") if part.strip()]
-        if not parts or not all(part.isdigit() for part in parts):
+        # ASCII digits only: str.isdigit also takes superscripts ('²'), which int() refuses.
+        if not parts or not all(part.isascii() and part.isdigit() for part in parts):
             raise ValueError(f"--classes must be comma-separated class ids >= 0 (e.g. 5,6,7,8,9), got {self.classes!r}")
         ids = [int(part) for part in parts]
         if len(set(ids)) != len(ids):

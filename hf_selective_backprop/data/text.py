@@ -103,6 +103,12 @@ def load_text_data(args: TextDataArguments) -> TextData:
     if args.task == "causal-lm":
         return TextData(train, evaluation, dataset_id, text_column, None, None)
     label_column = find_label_column(train, args.label_column)
+    if label_column in (text_column, args.text_pair_column):
+        others = [name for name in train.column_names if name not in (text_column, args.text_pair_column)]
+        raise ValueError(
+            f"--label_column {label_column!r} is the text column: the labels must be a column of their own "
+            f"(here: {', '.join(others) or 'none'})"
+        )
     used = {f"--train_split {args.train_split!r}": train}
     if evaluation is not None and label_column in evaluation.column_names:
         used[f"--eval_split {args.eval_split!r}"] = evaluation
@@ -167,7 +173,27 @@ def _check_column(dataset: datasets.Dataset, column: str, flag: str) -> None:
 
 
 def find_text_column(dataset: datasets.Dataset, given: str | None = None) -> str:
-    return _find_column(dataset, given, "text", TEXT_COLUMNS, lambda name: _dtype(dataset, name) in STRING_DTYPES)
+    column = _find_column(dataset, given, "text", TEXT_COLUMNS, lambda name: _dtype(dataset, name) in STRING_DTYPES)
+    check_text_column(dataset, column)
+    return column
+
+
+def check_text_column(dataset: datasets.Dataset, column: str, where: str = "") -> None:
+    """Refuse a --text_column that holds no strings (ids, labels, lists): the tokenizer would fail on it naming
+    neither the flag nor the column."""
+    if _dtype(dataset, column) in STRING_DTYPES:
+        return
+    strings = [name for name in dataset.column_names if _dtype(dataset, name) in STRING_DTYPES]
+    raise ValueError(
+        f"--text_column {column!r}{where} holds {feature_kind(dataset, column)} values, not text: pass a column of "
+        f"strings ({'here: ' + ', '.join(strings) if strings else 'this dataset has none'})"
+    )
+
+
+def feature_kind(dataset: datasets.Dataset, column: str) -> str:
+    """What a column holds, for messages: its dtype (int64, string), else its feature's kind (list, image)."""
+    feature = dataset.features[column]
+    return getattr(feature, "dtype", None) or type(feature).__name__.lower()
 
 
 def find_label_column(dataset: datasets.Dataset, given: str | None = None) -> str:
@@ -202,6 +228,11 @@ def class_names(dataset: datasets.Dataset, column: str) -> list[str]:
     if _is_class_label(dataset, column):
         return list(dataset.features[column].names)
     dtype = _dtype(dataset, column)
+    if dtype is None:  # lists, images, nested records: no class in a cell
+        raise ValueError(
+            f"--label_column {column!r} holds {feature_kind(dataset, column)} values: text-classification needs "
+            "class labels, integers 0..K-1, strings or a ClassLabel"
+        )
     values = sorted(dataset.unique(column))
     if dtype in STRING_DTYPES:
         return values

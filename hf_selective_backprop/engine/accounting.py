@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 
 from . import distributed
+from .budget import PHI_MEASURING, PHI_NOT_MEASURED
 
 #: The run's summary, written into output_dir when training ends.
 STATS_FILE = "sb_stats.json"
@@ -205,11 +206,24 @@ def end_of_run_notes(
     return notes
 
 
+def logged_counters(trainer) -> dict:
+    """The ``sb/*`` entries of ``trainer``'s training logs: a selective run's counters summed over processes (a
+    collective), or a budget-matched plain run's share of the full run's cost spent (its steps'). Counters only:
+    wall-clock figures differ between a resumed and an uninterrupted run, so they are in train()'s metrics and
+    sb_stats.json, not in the log history."""
+    if trainer.selector is None:
+        plain = trainer.plain_budget
+        return {} if plain is None else {"sb/budget_spent": plain.spent(trainer.state.global_step)}
+    return {f"sb/{k}": v for k, v in trainer.selection_summary().items() if k not in WALL_CLOCK_FIGURES}
+
+
 def finish_run(trainer, metrics: dict, expected_steps: int) -> dict:
     """The run's summary (a collective), added to train()'s ``metrics`` and written to sb_stats.json; the notes on
     it (`end_of_run_notes`) are logged, each at its level, by the process that logs."""
     args = trainer.args
     stats = {**trainer.selection_summary(), "strategy": args.sb_strategy, "expected_steps": expected_steps}
+    if stats.get("cost_phi_source") == PHI_MEASURING:  # it ended first: its cost is priced at the cost model's phi
+        stats["cost_phi_source"] = PHI_NOT_MEASURED
     queued = distributed.sum_over_processes(trainer.accelerator, {"rows": len(trainer.engine.queue)})["rows"]
     stats["queued_at_end"] = int(queued)
     rows_per_step = trainer.engine.batch_size * args.gradient_accumulation_steps * trainer.accelerator.num_processes

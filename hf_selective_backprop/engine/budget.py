@@ -1,5 +1,6 @@
-"""A compute budget (``--sb_budget``): what the configured full run costs, the plan that meets a share of it,
-and the cost a run has spent.
+"""A compute budget (``--sb_budget``): what the configured full run costs, the plan that meets a share of it
+(made before training, or kept from the checkpoint a run resumes), the Trainer's loop values that follow from
+it, and the cost a run has spent.
 
 Cost is counted in examples' training steps (a forward and a backward), summed over processes, as the
 paper's cost model counts it (Jiang et al., 2019, section 3): one per backward pass, and ``phi`` per
@@ -11,10 +12,19 @@ optimizer steps; the budget is ``sb_budget`` times its cost.
 from __future__ import annotations
 
 import math
+import os
+import sys
+import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from functools import partial
 
+import torch
 from transformers.trainer_utils import has_length
 
+from .. import _compat
+from . import distributed
+from .checkpoints import STATE_FILE
 from .run_length import RunLength
 
 #: What a backward and the optimizer step cost per training forward in the cost model (r = 2: a backward
@@ -27,6 +37,8 @@ DEFAULT_PHI = 1.0 / (1.0 + COST_MODEL_R)
 #: Where a plan's phi comes from: --sb_cost_phi; the cost model's, while the engine measures it on the run's first
 #: steps (phi_meter); measured; the cost model's for good, in a run that has no selection forward to time.
 PHI_GIVEN, PHI_MEASURING, PHI_MEASURED, PHI_COST_MODEL = "sb_cost_phi", "measuring", "measured", "cost model"
+#: What a run that ended while phi was measured reports: it was priced at the cost model's phi.
+PHI_NOT_MEASURED = "not measured"
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,11 @@ class BudgetPlan:
         """The share of the budget's training cost (past the reference pass) spent."""
         return min(max(spent - self.before_training, 0.0) / (self.target - self.before_training), 1.0)
 
+    def loop_values(self, values):
+        """The Trainer's loop values (``_compat.TrainingValues``) for this plan: its steps, and epochs without
+        bound, since the run ends when its budget is spent."""
+        return values._replace(num_train_epochs=sys.maxsize, max_steps=self.steps)
+
     def state_dict(self) -> dict:
         return asdict(self)
 
@@ -79,9 +96,71 @@ def refuse_unsized(args, dataset) -> None:
         )
 
 
-def plain_steps(args, full_steps: int) -> int:
-    """The optimizer steps of a plain run (``--sb_strategy none``) within the budget: F of the full run's."""
-    return max(1, round(args.sb_budget * full_steps))
+class PlainBudget:
+    """``--sb_budget F`` without selection (``--sb_strategy none``): F of the full run's optimizer steps (rounded),
+    over which the Trainer's schedule runs. A plain run's cost is its steps."""
+
+    def __init__(self, budget: float):
+        self.budget = budget
+        self.full_steps = 0  # the full run's, once the Trainer has sized it
+
+    def loop_values(self, values):
+        """The Trainer's loop values for the full run, cut to the budget's steps."""
+        values = _compat.training_values(values)
+        self.full_steps = values.max_steps
+        steps = round(self.budget * self.full_steps)
+        if steps < 1:
+            raise ValueError(
+                f"--sb_budget {self.budget:g} buys less than one optimizer step of this run: "
+                f"{self.budget * self.full_steps:.3g} of the full run's {self.full_steps}; raise --sb_budget to at "
+                f"least {_rounded_up(1 / self.full_steps):.3g}"
+            )
+        return values._replace(max_steps=steps)
+
+    def spent(self, global_step: int) -> float:
+        """The share of the full run's cost spent after ``global_step`` optimizer steps."""
+        return global_step / self.full_steps
+
+
+def saved_plan(checkpoint: str | None) -> BudgetPlan | None:
+    """The budget plan ``checkpoint`` was saved with, if any: a resumed run sizes its schedule from it (the
+    reference pass it paid for is not scored again, and another number of processes would size it anew)."""
+    path = os.path.join(checkpoint, STATE_FILE) if checkpoint else ""
+    if not os.path.isfile(path):
+        return None
+    saved = torch.load(path, weights_only=True).get("budget")
+    return None if saved is None else BudgetPlan.from_state_dict(saved)
+
+
+def loop_values(engine, args, run_length: RunLength, values, dataloader, checkpoint: str | None):
+    """The Trainer's loop values (``_compat.TrainingValues``) for a selective run, and how ``engine``'s run ends:
+    when its data does (epoch-based), after its steps, or when its budget is spent (the plan of `run_plan`)."""
+    epoch_based = has_length(dataloader) and args.max_steps <= 0
+    made, replan = run_plan(args, run_length, engine.selector, engine.accelerator, epoch_based, checkpoint,
+                            engine.stats.reference_forwards)
+    engine.set_run_length(epoch_based, made, replan)
+    if has_length(dataloader):  # a stream keeps the Trainer's values: it is step-based
+        values = run_length.loop_values(values, args, engine.epoch_based)
+    return values if made is None else made.loop_values(values)
+
+
+def run_plan(args, run_length: RunLength, selector, accelerator, epoch_based: bool, checkpoint: str | None,
+             reference_forwards: float) -> tuple[BudgetPlan | None, Callable[[float], BudgetPlan] | None]:
+    """A selective run's budget plan (None without --sb_budget), and what makes it anew from a measured phi.
+
+    A resumed run keeps the plan ``checkpoint`` holds; a new one is planned after its reference pass of
+    ``reference_forwards`` examples on this process ('rholoss'; summed over processes: a collective).
+    """
+    if args.sb_budget is None:
+        return None, None
+    saved = saved_plan(checkpoint)
+    if saved is None:
+        scored = distributed.sum_over_processes(accelerator, {"rows": reference_forwards})["rows"]
+    else:
+        scored = saved.before_training / saved.phi  # the reference pass the saved plan paid for
+    # The plan for a phi measured on the first steps (--sb_cost_phi not given): made anew then.
+    replan = partial(plan, args, run_length, selector, accelerator.num_processes, epoch_based, scored)
+    return saved or replan(), replan
 
 
 def plan(args, run_length: RunLength, selector, num_processes: int, epoch_based: bool,
@@ -118,10 +197,45 @@ def plan(args, run_length: RunLength, selector, num_processes: int, epoch_based:
     active = run_length.active_share
     # The cost of one trained row after warm-up: its step, and the selection forwards of the rows read for it.
     per_trained = 1.0 + phi * active * scored / run_length.keep
-    warm = min(training, args.sb_warmup_epochs * rows_per_epoch)  # a stream (no epoch length) skips this
+    warm_rows = args.sb_warmup_epochs * rows_per_epoch  # a stream (no epoch length) has no warm-up to plan
+    warm = min(training, warm_rows)
     trained = warm + (training - warm) / per_trained
+    if measured_phi is None:  # the plan made before training (a measured phi re-prices a running one)
+        _check_what_it_buys(args, trained, rows_per_step, training <= warm_rows, training / max(rows_per_epoch, 1),
+                            (before_training + _cost_of_rows(rows_per_step, warm_rows, per_trained)) / full_cost)
     steps = max(1, math.floor(trained / rows_per_step))
     epochs = None
     if rows_per_epoch:
         epochs = warm / rows_per_epoch + (training - warm) / (rows_per_epoch * run_length.expected_keep() * per_trained)
     return BudgetPlan(budget, phi, float(full_cost), float(before_training), epochs, steps, source)
+
+
+def _cost_of_rows(rows: float, warm_rows: float, per_trained: float) -> float:
+    """What training ``rows`` rows costs: one each during warm-up, ``per_trained`` each after it."""
+    return min(rows, warm_rows) + max(rows - warm_rows, 0.0) * per_trained
+
+
+def _check_what_it_buys(args, trained: float, rows_per_step: int, all_warm: bool, epochs: float,
+                        least_budget: float) -> None:
+    """Refuse a budget that buys less than one optimizer step (the run would take one, many times over it); say
+    so when all it buys is warm-up (selection would never start)."""
+    if trained < rows_per_step:
+        raise ValueError(
+            f"--sb_budget {args.sb_budget:g} buys less than one optimizer step of this run: about {trained:.3g} "
+            f"trained examples (over all processes), where a step trains {rows_per_step}; raise --sb_budget to at "
+            f"least {_rounded_up(least_budget):.3g}"
+        )
+    if args.sb_warmup_epochs and all_warm:
+        warnings.warn(
+            f"--sb_budget {args.sb_budget:g} buys about {epochs:.1f} epochs of training, all within "
+            f"--sb_warmup_epochs {args.sb_warmup_epochs}: every example read is trained and --sb_strategy "
+            f"{args.sb_strategy} never selects (as --sb_strategy none would train with this budget); lower "
+            "--sb_warmup_epochs, or raise --sb_budget",
+            stacklevel=4,
+        )
+
+
+def _rounded_up(value: float, digits: int = 3) -> float:
+    """``value`` rounded up to ``digits`` significant digits: a least value that, printed, is not below it."""
+    scale = 10.0 ** (math.floor(math.log10(value)) - digits + 1)
+    return math.ceil(value / scale) * scale

@@ -60,6 +60,23 @@ def unreadable_files(folder: str) -> list[str]:
     return bad
 
 
+def require_readable_model(path: str | None, flag: str = "--model_name_or_path") -> None:
+    """Refuse a local model folder with a file ``from_pretrained`` could not read (weights cut short by a kill, a
+    full disk or an interrupted copy, a truncated config.json or tokenizer.json), naming ``flag`` and the file:
+    the loaders' own errors name neither. A Hub id, or a path that is not a folder, is left to them."""
+    if path is None or not os.path.isdir(path):
+        return
+    bad = set(unreadable_files(path))
+    bad.update(name for name in os.listdir(path)
+               if name.endswith(".json") and os.path.isfile(os.path.join(path, name))
+               and not _json_whole(os.path.join(path, name)))
+    if bad:
+        raise ValueError(
+            f"{flag} {path!r}: {', '.join(sorted(bad))} cannot be read (truncated or damaged, e.g. by a kill, a full "
+            "disk or an interrupted copy); pass a complete model folder"
+        )
+
+
 def _json_whole(path: str) -> bool:
     try:
         with open(path) as handle:

@@ -11,6 +11,9 @@ The model is recorded too: its own config (class, architecture, sizes, vocabular
 the command-line flags that built it, where a script gives them (``model_flags``). A resume with another
 model is refused naming what differs, before the weights are loaded (`check_model`) and, in the
 scripts, before any data is (`check_model_flags`).
+
+A run without selection has no ``sb_state.pt``: its record (`PlainRunRecord`: its budget and model flags) rides
+in ``trainer_state.json``, and a resume with another budget or other model flags is refused the same way.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import hashlib
+import json
 import math
 import os
 import warnings
@@ -25,6 +29,9 @@ import warnings
 import torch
 from datasets import Dataset as HFDataset
 from torch.utils.data import IterableDataset
+from transformers import TrainerCallback
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import get_last_checkpoint
 
 from ..losses import model_task
@@ -46,6 +53,10 @@ KEPT_FROM_CHECKPOINT = {
     "learning_rate": "the optimizer and learning-rate scheduler restored from the checkpoint keep the saved one",
     "weight_decay": "the optimizer restored from the checkpoint keeps the saved one",
 }
+#: The full run a budget (``--sb_budget``) is a share of: a budget run resumed with others would keep the saved plan
+#: (or, without selection, change length and jump in its learning-rate schedule), so they cannot change.
+BUDGET_LENGTH = ("num_train_epochs", "max_steps")
+BUDGET_NOTE = " (with --sb_budget: the full run whose cost the budget is a share of)"
 #: Rows of a `datasets.Dataset` hashed into its fingerprint, evenly spaced.
 ROWS_HASHED = 64
 #: Flags that set one another (for 'sb', ``--sb_beta 2`` is the default ``--sb_keep``): the strategy's own one
@@ -93,10 +104,64 @@ def describe_model(model: torch.nn.Module) -> dict:
     return record
 
 
+class PlainRunRecord(TrainerCallback, ExportableState):
+    """The record of a run without selection (``--sb_strategy none``, or a plain `Trainer`), whose checkpoints hold no
+    ``sb_state.pt``: its budget (``--sb_budget`` and the full run it is a share of) and the flags that built its
+    model, where a script gives them. It rides in each checkpoint's ``trainer_state.json``, in
+    ``stateful_callbacks`` (where the Trainer keeps EarlyStoppingCallback's state); a run with neither adds none,
+    and its checkpoints are the Trainer's own."""
+
+    def __init__(self, budget: dict | None = None, model_flags: dict | None = None):
+        self.budget, self.model_flags = budget, model_flags
+
+    def state(self) -> dict:
+        return {"args": {"budget": self.budget, "model_flags": self.model_flags}, "attributes": {}}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # The Trainer indexes this entry when it saves; a resumed state without it (an older checkpoint) would fail.
+        state.stateful_callbacks[type(self).__name__] = self.state()
+
+    @classmethod
+    def of(cls, args, model_flags: dict | None = None) -> PlainRunRecord | None:
+        """The record of a run of ``args`` whose model ``model_flags`` built; None when it has nothing to record."""
+        budget = _budget_settings(args)
+        if budget is None and not model_flags:
+            return None
+        return cls(budget, {flag: _plain(value) for flag, value in (model_flags or {}).items()})
+
+    @classmethod
+    def attach(cls, trainer) -> None:
+        """Give a `SelectiveBackpropTrainer` without selection its record, in place of an earlier train() call's."""
+        if trainer.selector is None:
+            trainer.remove_callback(cls)
+            record = cls.of(trainer.args, trainer.model_flags)
+            if record is not None:
+                trainer.add_callback(record)
+
+    @classmethod
+    def saved(cls, checkpoint: str) -> dict | None:
+        """The record ``checkpoint`` holds, as ``{"budget": ..., "model_flags": ...}``; None if it holds none."""
+        try:
+            with open(os.path.join(checkpoint, TRAINER_STATE_NAME)) as handle:
+                entry = (json.load(handle).get("stateful_callbacks") or {}).get(cls.__name__)
+        except (OSError, ValueError):
+            return None
+        return entry.get("args") if isinstance(entry, dict) else None
+
+
+def _budget_settings(args) -> dict | None:
+    if getattr(args, "sb_budget", None) is None:
+        return None
+    return {"sb_budget": args.sb_budget, **{name: _plain(getattr(args, name)) for name in BUDGET_LENGTH}}
+
+
 def saved_record(checkpoint: str) -> dict | None:
-    """The run record a selective run's checkpoint holds; None for another checkpoint (or an older one)."""
+    """The run record a checkpoint holds: a selective run's (sb_state.pt), or a run without selection's
+    `PlainRunRecord` (its ``model_flags`` and ``budget``); None for another checkpoint (or an older one)."""
     path = os.path.join(checkpoint, STATE_FILE)
-    return torch.load(path, weights_only=True).get("run") if os.path.isfile(path) else None
+    if os.path.isfile(path):
+        return torch.load(path, weights_only=True).get("run")
+    return PlainRunRecord.saved(checkpoint)
 
 
 def check_model(checkpoint: str, model: torch.nn.Module) -> None:
@@ -193,6 +258,9 @@ def check(saved: dict | None, current: dict, checkpoint: str) -> None:
     data = _data_difference(saved["dataset"], current["dataset"])
     if data:
         wrong.append(data)
+    if saved["selection"].get("sb_budget") is not None and current["selection"].get("sb_budget") is not None:
+        wrong += [f"--{name}: saved {saved['training'][name]!r}, now {current['training'][name]!r}{BUDGET_NOTE}"
+                  for name in BUDGET_LENGTH if saved["training"].get(name) != current["training"][name]]
     if wrong:
         _refuse(checkpoint, wrong)
     changed = []
@@ -209,16 +277,34 @@ def check(saved: dict | None, current: dict, checkpoint: str) -> None:
         )
 
 
-def check_without_selection(checkpoint: str | bool, output_dir: str) -> None:
-    """Refuse to continue a selective run's checkpoint with ``--sb_strategy none``: the plain Trainer would
-    skip batches by its step count, not the rows selection read. ``True`` is the Trainer's last checkpoint."""
+def check_without_selection(checkpoint: str | bool, args) -> None:
+    """Refuse what a run without selection (``args``) cannot continue: a selective run's checkpoint (the plain
+    Trainer would skip batches by its step count, not the rows selection read), or one of another budget (the
+    share of the full run's steps its learning-rate schedule spans). ``True`` is the Trainer's last checkpoint."""
     if checkpoint is True:
-        checkpoint = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-    path = os.path.join(checkpoint, STATE_FILE) if checkpoint else ""
+        checkpoint = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
+    if not checkpoint:
+        return
+    path = os.path.join(checkpoint, STATE_FILE)
     if os.path.isfile(path):
         saved = torch.load(path, weights_only=True).get("run")
         strategy = repr(saved["selection"]["sb_strategy"]) if saved else "a selective strategy"
         _refuse(checkpoint, [f"--sb_strategy: saved {strategy}, now 'none'"])
+    saved, now = (PlainRunRecord.saved(checkpoint) or {}).get("budget") or {}, _budget_settings(args) or {}
+    wrong = []
+    if not _same(saved.get("sb_budget"), now.get("sb_budget")):
+        wrong.append(f"--sb_budget: saved {saved.get('sb_budget')!r}, now {now.get('sb_budget')!r}")
+    elif saved and now:
+        wrong += [f"--{name}: saved {saved[name]!r}, now {now[name]!r}{BUDGET_NOTE}"
+                  for name in BUDGET_LENGTH if saved.get(name) != now[name]]
+    if wrong:
+        raise ValueError(
+            f"Cannot resume from {checkpoint}: this run's budget differs from the saved run's:\n  " + "\n  ".join(wrong)
+            + "\nWithout selection, --sb_budget F takes F of the full run's optimizer steps, over which the "
+            "learning-rate schedule restored from the checkpoint runs: resume with the saved values, or start a new "
+            f"run from the checkpoint's weights (load the model from {checkpoint}, e.g. with from_pretrained, and "
+            "train without resume_from_checkpoint)."
+        )
 
 
 def _same(saved, value) -> bool:

@@ -15,23 +15,25 @@ import warnings
 import torch
 
 from . import run_record
-from .budget import BudgetPlan
 from .checkpoints import RANK_STATE_FILE, STATE_FILE, atomic_save, require_complete_checkpoint, require_resumable
 from .engine import SelectionEngine
 
 
-def resume_target(resume_from_checkpoint: str | bool | None, output_dir: str, selecting: bool):
-    """The checkpoint train() resumes from, checked before anything trains. Selecting, ``True`` is the last
-    *complete* checkpoint-N (transformers picks the highest, even one a killed run left half written); without
-    selection, a selective run's checkpoint is refused (the plain Trainer would skip batches by steps)."""
-    if not selecting:
+def resume_target(trainer, resume_from_checkpoint: str | bool | None):
+    """The checkpoint ``trainer.train()`` resumes from, checked before anything trains. Selecting, ``True`` is the
+    last *complete* checkpoint-N (transformers picks the highest, even one a killed run left half written), and a
+    checkpoint of another model is refused before its weights are loaded; without selection, a selective run's
+    checkpoint, or one of another budget, is refused (`run_record.check_without_selection`)."""
+    output_dir = trainer.args.output_dir
+    if trainer.selector is None:
         if resume_from_checkpoint:
-            run_record.check_without_selection(resume_from_checkpoint, output_dir)
+            run_record.check_without_selection(resume_from_checkpoint, trainer.args)
         return resume_from_checkpoint
     if resume_from_checkpoint is True:
         resume_from_checkpoint = require_complete_checkpoint(output_dir)
     if isinstance(resume_from_checkpoint, str):
         require_resumable(resume_from_checkpoint)
+        run_record.check_model(resume_from_checkpoint, trainer.accelerator.unwrap_model(trainer.model))
     return resume_from_checkpoint
 
 
@@ -41,16 +43,6 @@ def save(engine: SelectionEngine, folder: str, should_save: bool, model: torch.n
     if should_save:
         atomic_save(state["shared"], os.path.join(folder, STATE_FILE))
     atomic_save(state["rank"], os.path.join(folder, RANK_STATE_FILE.format(rank=engine.args.process_index)))
-
-
-def saved_budget(checkpoint: str | None) -> BudgetPlan | None:
-    """The budget plan ``checkpoint`` was saved with, if any: a resumed run sizes its schedule from it (the
-    reference pass it paid for is not scored again, and another number of processes would size it anew)."""
-    path = os.path.join(checkpoint, STATE_FILE) if checkpoint else ""
-    if not os.path.isfile(path):
-        return None
-    saved = torch.load(path, weights_only=True).get("budget")
-    return None if saved is None else BudgetPlan.from_state_dict(saved)
 
 
 def load(engine: SelectionEngine, checkpoint: str, ignore_data_skip: bool = False) -> None:

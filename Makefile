@@ -18,7 +18,7 @@ OLDEST_STAMP := $(OLDEST_VENV)/.installed
 OLDEST_PINS := transformers==5.17.0 accelerate==1.10.1 datasets==4.8.4 trl==1.16.0 timm==1.0.15
 
 # DeepSpeed (the deepspeed extra) is built from its source release, whose setup imports torch: it is installed
-# without build isolation, after torch and what its setup needs. scripts/build_deepspeed_ops.py then compiles its
+# without build isolation, after torch and what its setup needs. tools/build_deepspeed_ops.py then compiles its
 # CPU communication op once, so that test processes only load it.
 DEEPSPEED_BUILD_DEPS := hjson ninja py-cpuinfo msgpack einops
 
@@ -40,7 +40,7 @@ define make_venv
 	$(1)/bin/python -m pip install --quiet $(DEEPSPEED_BUILD_DEPS)
 	$(1)/bin/python -m pip install --quiet --no-build-isolation deepspeed
 	$(1)/bin/python -m pip install --quiet -e ".[dev,vision,metrics,benchmarks,trl,deepspeed]" $(2)
-	$(1)/bin/python scripts/build_deepspeed_ops.py
+	$(1)/bin/python tools/build_deepspeed_ops.py
 	touch $(1)/.installed
 endef
 

@@ -151,3 +151,13 @@ def test_make_test_pins_the_newest_tested_releases_and_compat_names_them():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^\$\(STAMP\):.*\n\t\$\(call make_venv,\$\(VENV\),\$\(NEWEST_PINS\)\)$", makefile, re.MULTILINE)
     assert re.search(r"^test: \$\(STAMP\)$", makefile, re.MULTILINE)
+
+
+def test_scripts_holds_only_what_users_run_and_the_package_no_harness():
+    # A newcomer reads the tree to tell the library from the rest: scripts/ is what users run (each an
+    # HfArgumentParser entry point), the benchmark harness lives in benchmarks/, the repository's tools in tools/.
+    user_scripts = {"train.py", "train_text.py", "train_sft.py", "pretrain_lm.py", "train_tokenizer.py", "compare.py"}
+    assert {path.name for path in (ROOT / "scripts").iterdir() if path.is_file()} == user_scripts
+    for name in user_scripts:
+        assert 'if __name__ == "__main__":' in (ROOT / "scripts" / name).read_text(), name
+    assert not (ROOT / "hf_selective_backprop" / "benchmarks").exists()

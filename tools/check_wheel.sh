@@ -4,8 +4,8 @@
 # from the template that ships in the wheel; and check that installing the wheel beside newer transformers and TRL
 # releases resolves without downgrading them. Offline; about a minute on two CPU cores.
 #
-#   bash scripts/check_wheel.sh            # uses .venv/bin/python for the build and the dependencies
-#   PYTHON=/path/to/python bash scripts/check_wheel.sh
+#   bash tools/check_wheel.sh            # uses .venv/bin/python for the build and the dependencies
+#   PYTHON=/path/to/python bash tools/check_wheel.sh
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PYTHON="${PYTHON:-$ROOT/.venv/bin/python}"

@@ -44,12 +44,15 @@ EOF
 
 # The heavy dependencies (torch, transformers, ...) come from $PYTHON's site-packages through a
 # .pth file, listed after the new environment's own site-packages, so the wheel's copy wins.
-"$PYTHON" -m venv "$WORK/venv"
+# Without pip: a venv's own pip and setuptools (the interpreter's bundled, older releases) would shadow the newer
+# ones torch requires (setuptools>=77) and fail its resolution; $PYTHON's pip installs into the venv (--python).
+"$PYTHON" -m venv --without-pip "$WORK/venv"
 VPY="$WORK/venv/bin/python"
+VPIP=("$PYTHON" -m pip --python "$VPY")
 DEPS="$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 SITE="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 echo "$DEPS" > "$SITE/zz_dependencies.pth"
-"$VPY" -m pip install --quiet --no-deps --no-index "$WHEEL"
+"${VPIP[@]}" install --quiet --no-deps --no-index "$WHEEL"
 
 # Beside a transformers and a TRL newer than any release (the requirements set no upper bound), installing the
 # wheel resolves without downgrading them or changing anything else installed. Offline: the two newer releases
@@ -72,7 +75,8 @@ for name in ("transformers", "trl"):
         for path, text in files.items():
             wheel.writestr(path, text)
 EOF
-"$VPY" -m pip install --quiet --dry-run --no-index --find-links "$WORK/newer" --report "$WORK/newer.json" \
+# Only the stand-ins are offered: a find-links folder of the environment (PIP_FIND_LINKS) would add other releases.
+env -u PIP_FIND_LINKS "${VPIP[@]}" install --quiet --dry-run --no-index --find-links "$WORK/newer" --report "$WORK/newer.json" \
     "$WHEEL[trl]" "transformers==99.0.0" "trl==99.0.0"
 "$PYTHON" - "$WORK/newer.json" <<'EOF'
 import json

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
-from contextlib import redirect_stdout
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 
 import torch
@@ -85,9 +85,11 @@ def main() -> None:
     os.makedirs(args.output_dir, exist_ok=True)
     log_path = os.path.join(args.output_dir, "train.log")
     print(f"Training {', '.join(names)} on {data_args.dataset}; the Trainer's output goes to {log_path}", flush=True)
-    # The table is the output: the Trainer's log lines go to the log file, its progress bars nowhere.
+    # The table is the output: the Trainer's log lines and the warnings raised while training (a library's
+    # deprecation notice, such as an older timm's on import) go to the log file, its progress bars nowhere. An
+    # error still reaches the terminal: its traceback is printed after the block restores stderr.
     transformers_logging.disable_progress_bar()
-    with open(log_path, "w") as log, redirect_stdout(log):
+    with open(log_path, "w") as log, redirect_stdout(log), redirect_stderr(log):
         # Each strategy's sub-folder belongs to this script: a rerun (make demo) replaces its results.
         results = [
             train_image_classifier(config_for(args, name), data_args, model_args, overwrite_output_dir=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import platform
+import warnings
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field
 
@@ -19,10 +20,14 @@ import torch
 from transformers import HfArgumentParser
 from transformers.utils import logging as transformers_logging
 
-from hf_selective_backprop import SelectiveBackpropConfig
-from hf_selective_backprop.data import DataArguments
-from hf_selective_backprop.models import ModelArguments
-from hf_selective_backprop.workflow import train_image_classifier
+# Importing the workflows imports timm, whose older releases warn about their own use of torch (a deprecation
+# notice): like the Trainer's output, such notices go to train.log, written once the output folder is known.
+with warnings.catch_warnings(record=True) as IMPORT_WARNINGS:
+    warnings.simplefilter("default")
+    from hf_selective_backprop import SelectiveBackpropConfig
+    from hf_selective_backprop.data import DataArguments
+    from hf_selective_backprop.models import ModelArguments
+    from hf_selective_backprop.workflow import train_image_classifier
 
 STRATEGIES = {
     "traditional": {"sb_strategy": "none"},
@@ -90,6 +95,8 @@ def main() -> None:
     # error still reaches the terminal: its traceback is printed after the block restores stderr.
     transformers_logging.disable_progress_bar()
     with open(log_path, "w") as log, redirect_stdout(log), redirect_stderr(log):
+        for caught in IMPORT_WARNINGS:
+            warnings.showwarning(caught.message, caught.category, caught.filename, caught.lineno)
         # Each strategy's sub-folder belongs to this script: a rerun (make demo) replaces its results.
         results = [
             train_image_classifier(config_for(args, name), data_args, model_args, overwrite_output_dir=True)

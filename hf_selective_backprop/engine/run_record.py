@@ -149,6 +149,12 @@ class PlainRunRecord(TrainerCallback, ExportableState):
         return entry.get("args") if isinstance(entry, dict) else None
 
 
+def _budget_length_differences(saved: dict, now: dict) -> list[str]:
+    """One line per setting of the full run a budget is a share of that differs between ``saved`` and ``now``."""
+    return [f"--{name}: saved {saved.get(name)!r}, now {now[name]!r}{BUDGET_NOTE}"
+            for name in BUDGET_LENGTH if saved.get(name) != now[name]]
+
+
 def _budget_settings(args) -> dict | None:
     if getattr(args, "sb_budget", None) is None:
         return None
@@ -259,8 +265,7 @@ def check(saved: dict | None, current: dict, checkpoint: str) -> None:
     if data:
         wrong.append(data)
     if saved["selection"].get("sb_budget") is not None and current["selection"].get("sb_budget") is not None:
-        wrong += [f"--{name}: saved {saved['training'][name]!r}, now {current['training'][name]!r}{BUDGET_NOTE}"
-                  for name in BUDGET_LENGTH if saved["training"].get(name) != current["training"][name]]
+        wrong += _budget_length_differences(saved["training"], current["training"])
     if wrong:
         _refuse(checkpoint, wrong)
     changed = []
@@ -295,8 +300,7 @@ def check_without_selection(checkpoint: str | bool, args) -> None:
     if not _same(saved.get("sb_budget"), now.get("sb_budget")):
         wrong.append(f"--sb_budget: saved {saved.get('sb_budget')!r}, now {now.get('sb_budget')!r}")
     elif saved and now:
-        wrong += [f"--{name}: saved {saved[name]!r}, now {now[name]!r}{BUDGET_NOTE}"
-                  for name in BUDGET_LENGTH if saved.get(name) != now[name]]
+        wrong += _budget_length_differences(saved, now)
     if wrong:
         raise ValueError(
             f"Cannot resume from {checkpoint}: this run's budget differs from the saved run's:\n  " + "\n  ".join(wrong)

@@ -88,6 +88,7 @@ def render_model_card(
     language: str | list[str] | None = None,
     license: str | None = None,
     template: str | os.PathLike | None = None,
+    record: Mapping[str, object] | None = None,
 ) -> Path:
     """Write the Selective-Backprop card as ``README.md`` into ``output_dir`` and return its path.
 
@@ -98,7 +99,8 @@ def render_model_card(
     only when it is a Hub id, not a local folder. ``hyperparameters`` and
     ``eval_lines`` are the Trainer's own sections (see `write_trainer_card`). The results headline is the
     run's own metric: ``accuracy``, else ``token_accuracy`` (SFT's mean token accuracy), else ``eval_loss``.
-    ``library_versions`` adds to the versions listed (a trainer's own library, such as TRL).
+    ``library_versions`` adds to the versions listed (a trainer's own library, such as TRL). ``record`` describes
+    the example record written beside the model (`record_summary`), if any.
     """
     if task not in TASKS:
         raise ValueError(f"task {task!r} has no card: choose from {', '.join(TASKS)}")
@@ -147,6 +149,7 @@ def render_model_card(
         hyperparameters=dict(hyperparameters or {}),
         eval_table=_markdown_table(eval_lines),
         versions={**_versions(), **(library_versions or {})},
+        record=record,
     )
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / "README.md"
@@ -211,7 +214,30 @@ def write_trainer_card(
         eval_lines=eval_lines,
         language=language,
         license=license,
+        record=record_summary(trainer.args.output_dir, trainer.args.sb_index_column),
     )
+
+
+def record_summary(output_dir: str | os.PathLike, id_column: str) -> dict | None:
+    """What the card says of the example record in ``output_dir`` (None when the run wrote none)."""
+    from .record.files import DATA_MAP_FILE, RECORD_FILE
+    from .record.scores import AMBIGUOUS, EASY, HARD
+
+    path = Path(output_dir) / RECORD_FILE
+    if not path.is_file():
+        return None
+    import pyarrow.parquet
+
+    table = pyarrow.parquet.read_table(path, columns=["region"])
+    regions = table.column("region").to_pylist()
+    counts = ", ".join(f"{regions.count(name):,} {name}" for name in (EASY, AMBIGUOUS, HARD))
+    return {
+        "file": RECORD_FILE,
+        "examples": f"{table.num_rows:,}",
+        "id_column": id_column,
+        "regions": f"Data-map regions: {counts}.",
+        "data_map": DATA_MAP_FILE if (Path(output_dir) / DATA_MAP_FILE).is_file() else None,
+    }
 
 
 def training_costs(trainer) -> dict:

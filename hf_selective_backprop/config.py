@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from transformers import TrainingArguments
 
 from .lr_schedule import check_milestones
+from .record.scores import PRUNE_SCORES
 from .selectors import strategy_names
 
 SELECTION_MODES = ("eval", "train")
@@ -269,6 +270,38 @@ class SelectiveBackpropArguments:
         metadata={"help": "Factor of each --lr_decay_milestones decay, in (0, 1]."},
     )
 
+    sb_record: bool = field(
+        default=True,
+        metadata={
+            "help": "Keep the example record: per training example (keyed by --sb_index_column), the losses training "
+            "measured (a selection forward's, else the training forward's; every strategy, 'none' included, whose "
+            "training it leaves bit for bit that of the plain Trainer), how often it was scored and backpropagated, "
+            "confidence, variability, correctness, the epoch it was first learned and its forgetting events. "
+            "Written at the end to example_record.parquet (and data_map.png) in --output_dir, uploaded by "
+            "push_to_hub; read it with hf_selective_backprop.record (data map, label issues, pruning)."
+        },
+    )
+    sb_subset_from: str | None = field(
+        default=None,
+        metadata={
+            "help": "Train on a subset chosen by an earlier run's example record: its output folder, its "
+            "example_record.parquet, or the Hub repository it was pushed to. With --sb_subset_keep and "
+            "--sb_subset_by. (Unrelated to 'infobatch', which prunes anew each epoch.) Default: the whole set."
+        },
+    )
+    sb_subset_keep: float | None = field(
+        default=None,
+        metadata={"help": "With --sb_subset_from: the share of the training set kept, in (0, 1]."},
+    )
+    sb_subset_by: str = field(
+        default="mean_loss",
+        metadata={
+            "help": "With --sb_subset_from: the record's score that keeps the examples with its highest values: "
+            + "; ".join(f"'{name}': {what}" for name, what in PRUNE_SCORES.items()) + ".",
+            "choices": list(PRUNE_SCORES),
+        },
+    )
+
     def __post_init__(self):
         # The training arguments' own checks first: the sb checks read their fields (batch sizes, max_steps).
         base_post_init = getattr(super(), "__post_init__", None)
@@ -340,6 +373,7 @@ class SelectiveBackpropArguments:
             fail("sb_anneal_delta", "in [0, 1]", self.sb_anneal_delta)
         self._validate_reference()
         self._validate_budget()
+        self._validate_subset()
         if self.sb_strategy != "none" and self.max_steps <= 0 and not self.num_train_epochs > 0:
             # Zero epochs would train nothing, then save the untrained model (and its card) as the run's.
             fail("num_train_epochs", "> 0 (or set --max_steps) for a run with selection", self.num_train_epochs)
@@ -386,6 +420,18 @@ class SelectiveBackpropArguments:
                 f"--sb_budget {self.sb_budget} is a share of the full run, which --num_train_epochs "
                 f"{self.num_train_epochs} leaves empty: set --num_train_epochs > 0 or --max_steps"
             )
+
+    def _validate_subset(self) -> None:
+        if self.sb_subset_from is None:
+            if self.sb_subset_keep is not None:
+                raise ValueError("--sb_subset_keep keeps a share of the examples an earlier run's record chooses: "
+                                 "give that record with --sb_subset_from")
+            return
+        if self.sb_subset_keep is None or not 0.0 < self.sb_subset_keep <= 1.0:
+            raise ValueError(f"--sb_subset_from needs --sb_subset_keep in (0, 1] (the share of the training set "
+                             f"kept), got {self.sb_subset_keep!r}")
+        if self.sb_subset_by not in PRUNE_SCORES:
+            raise ValueError(f"--sb_subset_by must be one of {', '.join(PRUNE_SCORES)}, got {self.sb_subset_by!r}")
 
     def _validate_reference(self) -> None:
         given = [flag for flag in ("sb_reference_model", "sb_reference_column") if getattr(self, flag) is not None]

@@ -9,6 +9,7 @@ the same log-probabilities, so selection ranks examples by exactly the tokens SF
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +31,7 @@ from .losses import ExampleLoss
 from .trainer import SelectiveBackpropMixin
 
 _compat.warn_if_newer_than_tested("trl", trl.__version__)
+logger = logging.getLogger(__name__)
 
 __all__ = ["SFTExampleLoss", "SelectiveBackpropSFTConfig", "SelectiveBackpropSFTTrainer"]
 
@@ -127,6 +129,14 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
     def _packs_sequences(self) -> bool:
         """Selection on padding-free batches: split into sequences, scored packed, trained re-packed."""
         return self.selector is not None and getattr(self, "padding_free", False)
+
+    def _can_record(self) -> bool:
+        if self.selector is None and getattr(self, "padding_free", False):
+            # Without selection a packed row reaches the model whole: its sequences have no loss of their own.
+            logger.warning("the example record is off: without selection, packed (padding-free) rows hold several "
+                           "examples each; pad them, or train with a selective --sb_strategy, to record them")
+            return False
+        return True
 
     def _sequence_rows_collator(self, collator) -> SequenceRowsCollator:
         first = first_sequence_ids(self.train_dataset, self.args.sb_index_column)

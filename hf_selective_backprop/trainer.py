@@ -31,6 +31,8 @@ from .engine.run_length import RunLength
 from .engine.scoring import SelectionScorer, selection_model
 from .losses import model_task, per_example_loss_for, weighted_loss
 from .lr_schedule import schedule_for
+from .record import keeper as record_keeping
+from .record import setup as record_setup
 from .selectors import build_selector
 from .step_extras import StepExtras
 
@@ -67,6 +69,9 @@ class SelectiveBackpropMixin:
     model_flags: dict | None = None
     #: A run without selection given --sb_budget: the share of the full run's steps it takes.
     plain_budget: budget.PlainBudget | None = None
+    #: The run's example record (--sb_record): made afresh by each training loop.
+    record_keeper: record_keeping.RecordKeeper | None = None
+    _records = False  # whether this trainer keeps one (record_setup.prepare)
 
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
         given = selective_arguments(args, kwargs)
@@ -74,6 +79,7 @@ class SelectiveBackpropMixin:
         # Before the Trainer's own refusal of a stream without max_steps, which does not name the budget.
         budget.refuse_unsized(given, kwargs.get("train_dataset", args[3] if len(args) > 3 else None))
         self._refuse_before_data(given, selector, per_example_loss_func)
+        subset_record = record_setup.subset_record(given)  # read before the data is prepared
         super().__init__(*args, **kwargs)
         check_trainer_arguments(self, per_example_loss_func)
         self.label_name = self.label_names[0] if self.label_names else "labels"
@@ -82,9 +88,10 @@ class SelectiveBackpropMixin:
         self.per_example_loss_func = per_example_loss_func or self._automatic_per_example_loss(smoothing)
         self.selector = selector
         reference.refuse_unused(reference_model, self.selector, self.args.sb_strategy)
+        self._step_extras = StepExtras(self.args.sb_index_column)
+        self._records = record_setup.prepare(self, subset_record)
         if self.selector is None:
             return  # the Trainer itself, callbacks, rotation and checkpoint files included
-        self._step_extras = StepExtras(self.args.sb_index_column)
         self.add_callback(rotation.RunCheckpoints())
         parallelism.refuse_unsupported(self)
         if self.selector.produces_weights:
@@ -106,6 +113,10 @@ class SelectiveBackpropMixin:
     def _refuse_before_data(self, args, selector, per_example_loss_func) -> None:
         """What this trainer refuses before the wrapped trainer prepares its data (which can take long)."""
         refuse_unsupported_trainer(type(self), args)
+
+    def _can_record(self) -> bool:
+        """Whether this trainer's training batches hold one example per row, as the example record needs."""
+        return True
 
     def _automatic_per_example_loss(self, label_smoothing: float):
         """The per-example loss matching the model's own, when the user passes none."""
@@ -142,7 +153,7 @@ class SelectiveBackpropMixin:
 
     def _set_signature_columns_if_needed(self):
         super()._set_signature_columns_if_needed()
-        if self.selector is not None:
+        if self.selector is not None or self._records:
             _compat.add_signature_column(self, self.args.sb_index_column)
 
     def _selection_batch_size(self) -> int:
@@ -215,12 +226,15 @@ class SelectiveBackpropMixin:
     # ---- the training loop's hooks -------------------------------------------------------------
 
     def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, *rest, **kwargs):
+        if self._records:  # each loop (an auto_find_batch_size restart too) records its own training
+            self.record_keeper = record_keeping.RecordKeeper(self.accelerator, self.args.sb_index_column)
         if self.selector is not None:
             _compat.adopt_loop_batch_size(self, batch_size)  # auto_find_batch_size: a restart's or a resumed run's
             if self._loops_started or self._engine_batch_size != _compat.train_batch_size(self):
                 # An earlier loop's state, or micro-batches of another size: start afresh.
                 self.selector = build_selector(self.args)
                 self.engine = self._build_engine()
+            self.engine.record = self.record_keeper
             self._loops_started += 1
             self._resumed_from = resume_from_checkpoint
             self._train_start = time.perf_counter()
@@ -233,6 +247,8 @@ class SelectiveBackpropMixin:
         epochs_trained, skipped = super()._init_training_state(
             max_steps, steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
         )
+        if self.record_keeper is not None and resume_from_checkpoint is not None:
+            self.record_keeper.load(resume_from_checkpoint)
         if self.selector is None:
             return epochs_trained, skipped
         rotation.restore(rotation.record_of(self), self.state, resume_from_checkpoint, self.args.output_dir)
@@ -261,7 +277,10 @@ class SelectiveBackpropMixin:
 
     def training_step(self, model, inputs, *args, **kwargs):
         if self.selector is None:
-            return super().training_step(model, inputs, *args, **kwargs)
+            if self.record_keeper is None:
+                return super().training_step(model, inputs, *args, **kwargs)
+            with self._step_extras.carried(inputs, type(self).__name__, "none", False) as inputs:
+                return super().training_step(model, inputs, *args, **kwargs)
         refreshes = self.engine.records_training_losses
         with self._step_extras.carried(inputs, type(self).__name__, self.args.sb_strategy, refreshes) as inputs:
             loss = super().training_step(model, inputs, *args, **kwargs)
@@ -271,17 +290,19 @@ class SelectiveBackpropMixin:
         return loss
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if self.selector is None:
+        if self.selector is None and self.record_keeper is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         inputs, ids, weights = self._step_extras.take(inputs, model.training)
         labels = inputs.get(self.label_name)
-        refresh = self.engine.records_training_losses and ids is not None
-        if not (model.training and labels is not None and (weights is not None or refresh)):
+        refresh = self.selector is not None and self.engine.records_training_losses and ids is not None
+        recorded = self.record_keeper is not None and model.training and self.record_keeper.accepts(ids)
+        if not (model.training and labels is not None and (weights is not None or refresh or recorded)):
             # Outputs only when they are read: TRL's SFTTrainer runs a second forward to return them.
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         loss, outputs = self._loss_and_outputs(model, inputs, num_items_in_batch)
         if weights is None:
-            per_example = self.per_example_loss_func(outputs, labels)
+            with torch.no_grad():  # read, never differentiated: the step's gradients stay the Trainer's own
+                per_example = self.per_example_loss_func(outputs, labels)
         else:
             loss, per_example = weighted_loss(self.per_example_loss_func, outputs, labels, weights,
                                               num_items_in_batch)
@@ -289,6 +310,9 @@ class SelectiveBackpropMixin:
         if refresh:
             # A trained example's training-forward loss is fresher than its stored one.
             self.engine.observe(ids, per_example.detach())
+        if recorded:
+            epoch = self.engine.epoch if self.selector is not None else self.record_keeper.epoch
+            self.record_keeper.trained(ids, per_example, epoch)
         return (loss, outputs) if return_outputs else loss
 
     def _loss_and_outputs(self, model, inputs, num_items_in_batch):
@@ -296,7 +320,7 @@ class SelectiveBackpropMixin:
         return super().compute_loss(model, inputs, True, num_items_in_batch)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
-        if self.selector is not None:
+        if self.selector is not None or self._records:
             inputs = {k: v for k, v in inputs.items() if k != self.args.sb_index_column}
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
 
@@ -330,6 +354,8 @@ class SelectiveBackpropMixin:
         if self.selector is not None:
             # Without selection, the Trainer's own folder and metrics (cards.training_costs counts such a run).
             self.sb_stats = finish_run(self, output.metrics, self._expected_steps)
+        if self.record_keeper is not None:
+            self.record_keeper.write(self.args.output_dir, self.args.should_save)
         return output
 
     def create_model_card(self, *args, **kwargs):
@@ -339,9 +365,11 @@ class SelectiveBackpropMixin:
     # ---- checkpoints ---------------------------------------------------------------------------
 
     def _save_checkpoint(self, model, trial):
-        if self.selector is None:
-            return super()._save_checkpoint(model, trial)
         folder = rotation.folder(_compat.output_dir(self, trial), self.state.global_step)
+        if self.selector is None:
+            if self.record_keeper is not None:  # first: the Trainer's trainer_state.json marks a complete checkpoint
+                self.record_keeper.save(folder, self.args.should_save)
+            return super()._save_checkpoint(model, trial)
         trainer_files = partial(super()._save_checkpoint, model, trial)
         save = partial(state_files.save_before_trainer, self, model, folder, trainer_files)
         # The Trainer's rotation would delete every checkpoint-* folder of output_dir, a previous run's or a

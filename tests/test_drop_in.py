@@ -17,6 +17,8 @@ from transformers import PretrainedConfig, PreTrainedModel, Trainer
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
 from hf_selective_backprop.losses import logits_of, per_example_loss_for
+from hf_selective_backprop.record import DATA_MAP_FILE, RECORD_FILE
+from hf_selective_backprop.record.keeper import RECORD_STATE_FILE, RecordCallback
 
 
 class RegressionConfig(PretrainedConfig):
@@ -180,26 +182,39 @@ def test_numbering_rows_under_a_named_id_column_is_said(output_dir, caplog):
 # ---- selection off is the Trainer ----------------------------------------------------------------
 
 
-def _run(trainer_class, output_dir: Path):
+def _run(trainer_class, output_dir: Path, **overrides):
     (output_dir / "checkpoint-1").mkdir(parents=True)  # a user's folder named like a checkpoint
     (output_dir / "checkpoint-1" / "notes.txt").write_text("mine")
-    args = make_config(str(output_dir), sb_strategy="none", save_strategy="steps", save_steps=2, save_total_limit=2)
+    args = make_config(str(output_dir), sb_strategy="none", save_strategy="steps", save_steps=2, save_total_limit=2,
+                       **overrides)
     trainer = trainer_class(model=TinyClassifier(), args=args, train_dataset=make_dataset(64))
     trainer.train()
     return trainer
 
 
-def test_selection_off_keeps_the_trainers_callbacks_state_and_rotation(tmp_path):
-    ours, theirs = _run(SelectiveBackpropTrainer, tmp_path / "ours"), _run(Trainer, tmp_path / "theirs")
+def _files(folder: Path) -> list[str]:
+    return sorted(path.relative_to(folder).as_posix() for path in folder.rglob("*"))
+
+
+@pytest.mark.parametrize("recorded", [False, True])
+def test_selection_off_keeps_the_trainers_callbacks_state_and_rotation(tmp_path, recorded):
+    """Without selection the trainer is the Trainer; the example record (on by default) adds its callback, its
+    table and data map in the output folder and its state in each checkpoint, nothing else."""
+    ours = _run(SelectiveBackpropTrainer, tmp_path / "ours", sb_record=recorded)
+    theirs = _run(Trainer, tmp_path / "theirs")
     callbacks = [[type(cb) for cb in trainer.callback_handler.callbacks] for trainer in (ours, theirs)]
-    assert callbacks[0] == callbacks[1]
-    folders = [sorted(p.name for p in (tmp_path / side).iterdir()) for side in ("ours", "theirs")]
-    assert folders[0] == folders[1]
+    assert callbacks[0] == callbacks[1] + ([RecordCallback] if recorded else [])
+    added = {RECORD_FILE, DATA_MAP_FILE} if recorded else set()
+    ours_files = set(_files(tmp_path / "ours"))
+    assert ours_files - {path for path in ours_files if path.endswith(RECORD_STATE_FILE)} == set(
+        _files(tmp_path / "theirs")) | added
     for checkpoint in (tmp_path / "theirs").glob("checkpoint-*"):
         state = [json.loads((tmp_path / side / checkpoint.name / "trainer_state.json").read_text())
                  for side in ("ours", "theirs")]
         assert state[0]["stateful_callbacks"] == state[1]["stateful_callbacks"]
         assert state[0]["global_step"] == state[1]["global_step"]
+        assert (tmp_path / "ours" / checkpoint.name / RECORD_STATE_FILE).is_file() == (
+            recorded and checkpoint.name != "checkpoint-1")
 
 
 def test_resume_true_without_checkpoints_keeps_the_trainers_words(output_dir):

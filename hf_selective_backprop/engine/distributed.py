@@ -111,17 +111,31 @@ def gather_pairs(accelerator: Accelerator, ids: torch.Tensor, losses: torch.Tens
         ids, losses = to_host(ids.to(torch.int64), losses.to(torch.float32))
         return ids, losses, slice(0, len(ids))
     device = accelerator.device
-    count = -1 if failure is not None else len(ids)
+    pairs = torch.stack([to_device(ids, device).double(), to_device(losses, device).double()], dim=1)
+    rows, mine = gather_rows(accelerator, pairs, failure)
+    return rows[:, 0].to(torch.int64), rows[:, 1].to(torch.float32), mine
+
+
+def gather_rows(accelerator: Accelerator, rows: torch.Tensor, failure: Exception | None = None):
+    """Every rank's ``rows`` (float64, shape (n, k), n differing between ranks) on the host, in rank order, and
+    the slice of them that holds this rank's own. ``failure``: as `gather_pairs`'s."""
+    if accelerator.num_processes == 1:
+        if failure is not None:
+            raise failure
+        (rows,) = to_host(rows)
+        return rows, slice(0, len(rows))
+    device = accelerator.device
+    rows = to_device(rows, device)
+    count = -1 if failure is not None else len(rows)
     counts = gather(torch.full((1,), count, device=device, dtype=torch.int64)).cpu().tolist()
     if min(counts) < 0:
         _raise_on_every_rank(accelerator, failure)
     longest = max(counts)
-    pairs = torch.stack([to_device(ids, device).double(), to_device(losses, device).double()], dim=1)
-    padded = torch.cat([pairs, pairs.new_zeros(longest - len(ids), 2)])  # all_gather needs equal shapes
+    padded = torch.cat([rows, rows.new_zeros(longest - len(rows), rows.shape[1])])  # all_gather needs equal shapes
     gathered = gather(padded).cpu()
-    rows = torch.cat([gathered[rank * longest : rank * longest + count] for rank, count in enumerate(counts)])
+    every = torch.cat([gathered[rank * longest : rank * longest + count] for rank, count in enumerate(counts)])
     before = sum(counts[: accelerator.process_index])
-    return rows[:, 0].to(torch.int64), rows[:, 1].to(torch.float32), slice(before, before + len(ids))
+    return every, slice(before, before + len(rows))
 
 
 def sum_over_processes(accelerator: Accelerator, values: dict[str, float]) -> dict[str, float]:

@@ -109,6 +109,8 @@ class SelectionEngine:
         self._failure: ValueError | None = None
         #: Non-finite training-forward losses since the last optimizer step, counted on the device.
         self._training_nonfinite: torch.Tensor | None = None
+        #: The run's example record (`record.keeper.RecordKeeper`), fed every selection forward's losses.
+        self.record = None
 
     # ---- set-up ------------------------------------------------------------------------------
 
@@ -695,6 +697,8 @@ class SelectionEngine:
                     self.scorer(model, {k: v[:1] for k, v in loaded.items() if k != self.index_column})
                 self.stats.lockstep_forwards += 1
         self.stats.selection_forwards += size
+        if self.record is not None and size > 0:
+            self.record.scored(ids, losses, self.epoch)
         if self.records_training_losses:
             losses = self.observe(ids, losses)  # copied to the host with the ids, once
         return losses

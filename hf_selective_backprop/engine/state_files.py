@@ -97,6 +97,8 @@ def save_before_trainer(trainer, model, folder: str, save_trainer_files) -> None
     """
     with trainer.engine.stats.timer("save_seconds"):
         os.makedirs(folder, exist_ok=True)
+        if trainer.record_keeper is not None:
+            trainer.record_keeper.save(folder, trainer.args.should_save)
         save(trainer.engine, folder, trainer.args.should_save, trainer.accelerator.unwrap_model(model))
         if trainer.accelerator.num_processes > 1:
             trainer.accelerator.wait_for_everyone()

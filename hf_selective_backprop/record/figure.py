@@ -1,0 +1,49 @@
+"""The data map (Swayamdipta et al., 2020): each example's confidence against its variability, coloured by
+correctness, with the regions named. Needs matplotlib (the ``benchmarks`` extra, or ``pip install matplotlib``)."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: training machines rarely have a display
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy  # noqa: E402
+
+from .scores import AMBIGUOUS, EASY, HARD  # noqa: E402
+
+#: Points drawn at most: beyond it a random sample (seeded) shows the same picture, faster and lighter.
+MAX_POINTS = 50_000
+
+
+def draw_data_map(table, path: str, title: str | None = None) -> dict[str, int]:
+    """Draw ``table`` (a record: `load_record` or the trainer's ``example_record.parquet``) into ``path``; returns
+    the examples in each region, as the figure names them."""
+    confidence = numpy.asarray(table["confidence"], dtype=float)
+    variability = numpy.asarray(table["variability"], dtype=float)
+    correctness = numpy.asarray(table["correctness"], dtype=float)
+    region = numpy.asarray([name or "" for name in table["region"]])
+    known = ~numpy.isnan(confidence)
+    shown = numpy.flatnonzero(known)
+    if shown.size > MAX_POINTS:
+        shown = numpy.sort(numpy.random.default_rng(0).choice(shown, MAX_POINTS, replace=False))
+    figure, axes = plt.subplots(figsize=(7, 6))
+    points = axes.scatter(variability[shown], confidence[shown], c=correctness[shown], cmap="viridis", vmin=0,
+                          vmax=1, s=4, alpha=0.6, linewidths=0)
+    figure.colorbar(points, ax=axes, label="correctness (share of scorings learned)")
+    axes.axhline(0.5, color="grey", linewidth=0.8, linestyle="--")
+    counts = {name: int((region[known] == name).sum()) for name in (EASY, AMBIGUOUS, HARD)}
+    total = max(int(known.sum()), 1)
+    places = {EASY: (0.02, 0.96, "top"), HARD: (0.02, 0.04, "bottom"), AMBIGUOUS: (0.98, 0.5, "center")}
+    for name, (x, y, vertical) in places.items():
+        axes.text(x, y, f"{name}: {counts[name]:,} ({100 * counts[name] / total:.0f} %)", transform=axes.transAxes,
+                  ha="right" if x > 0.5 else "left", va=vertical, fontsize=10,
+                  bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})
+    axes.set_xlabel("variability (std of p(gold) over scorings)")
+    axes.set_ylabel("confidence (mean p(gold) over scorings)")
+    axes.set_ylim(-0.02, 1.02)
+    axes.set_title(title or f"Data map of {total:,} training examples")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return counts

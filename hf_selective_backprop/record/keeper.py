@@ -1,0 +1,123 @@
+"""`RecordKeeper`: the trainer's example record, from the first event to the table written beside the model.
+
+The trainer feeds it at the two places losses exist (a selection forward's, in the engine; a training forward's,
+in ``compute_loss``); `RecordCallback` flushes it at points every process reaches together; checkpoints carry
+its state (``sb_record.pt``) so that a resumed run ends with the record of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+
+import torch
+from transformers import TrainerCallback
+
+from ..engine.checkpoints import atomic_save
+from .feed import FLUSH_EVERY_STEPS, RecordFeed
+from .files import RECORD_FILE, write_record
+from .table import ExampleRecord
+
+logger = logging.getLogger(__name__)
+
+#: The record's state in a checkpoint, written once (every process holds the same record).
+RECORD_STATE_FILE = "sb_record.pt"
+
+
+class RecordKeeper:
+    """The record of one training run, its events not yet applied, and the epoch a run without selection is in."""
+
+    def __init__(self, accelerator, id_column: str):
+        self.accelerator, self.id_column = accelerator, id_column
+        self.record = ExampleRecord()
+        self.feed = RecordFeed(accelerator)
+        #: The epoch events of a run without a selection engine belong to (set at each epoch's start).
+        self.epoch = 0
+        #: False once the run resumed from a checkpoint that held no record: the record covers only what followed.
+        self.complete = True
+        self._said_no_ids = False
+
+    def scored(self, ids: torch.Tensor | None, losses: torch.Tensor, epoch: int) -> None:
+        """A selection forward's losses."""
+        if self.accepts(ids) and losses.numel():
+            self.feed.scored(ids, losses, epoch)
+
+    def trained(self, ids: torch.Tensor, losses: torch.Tensor, epoch: int) -> None:
+        """A training forward's losses (`accepts` said yes to its ids)."""
+        if losses.numel():
+            self.feed.trained(ids, losses, epoch)
+
+    def accepts(self, ids: torch.Tensor | None) -> bool:
+        """Whether a batch with these ids can be recorded (a stream without an id column cannot), said once."""
+        if ids is not None:
+            return True
+        if not self._said_no_ids:
+            self._said_no_ids = True
+            logger.warning(
+                f"the training batches carry no {self.id_column!r} column, so the example record cannot key "
+                "examples and records nothing: give the stream an id column (--sb_index_column), or pass "
+                "--sb_record False"
+            )
+        return False
+
+    def flush(self) -> None:
+        """Apply every process's buffered events (a collective)."""
+        self.feed.flush(self.record)
+
+    def state_dict(self) -> dict:
+        return {"record": self.record.state_dict(), "complete": self.complete}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.record.load_state_dict(state["record"])
+        self.complete = bool(state["complete"])
+
+    def save(self, folder: str, should_save: bool) -> None:
+        """Flush, then write the record's state into the checkpoint ``folder`` (every process calls this)."""
+        self.flush()
+        if should_save:
+            os.makedirs(folder, exist_ok=True)
+            atomic_save(self.state_dict(), os.path.join(folder, RECORD_STATE_FILE))
+
+    def load(self, checkpoint: str) -> None:
+        """Restore the record saved in ``checkpoint``; one saved without a record leaves it to cover the rest only."""
+        path = os.path.join(checkpoint, RECORD_STATE_FILE)
+        if os.path.isfile(path):
+            self.load_state_dict(torch.load(path, weights_only=True))
+            return
+        self.complete = False
+        logger.warning(
+            f"{checkpoint} holds no {RECORD_STATE_FILE} (it was saved with --sb_record False, or by another "
+            "trainer): the example record covers only the training that follows this resume"
+        )
+
+    def write(self, output_dir: str, should_save: bool) -> str | None:
+        """Flush, then write the record's table (and its data map) into ``output_dir``; returns the table's path."""
+        self.flush()
+        if not should_save:
+            return None
+        if self.record.seen.numel() == 0:
+            logger.warning("the example record holds no example (no training batch carried ids): nothing written")
+            return None
+        path = os.path.join(output_dir, RECORD_FILE)
+        write_record(self.record, path, self.id_column)
+        return path
+
+
+class RecordCallback(TrainerCallback):
+    """Sets the epoch of a run without a selection engine, and flushes the trainer's record at points every
+    process shares."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        # A plain run's epoch: whole at an epoch's start, fractional in a run resumed mid-epoch.
+        self.trainer.record_keeper.epoch = math.floor(state.epoch + 1e-6) if state.epoch else 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step % FLUSH_EVERY_STEPS == 0:
+            self.trainer.record_keeper.flush()
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        self.trainer.record_keeper.flush()

@@ -1,0 +1,91 @@
+"""Per-example scores from an `ExampleRecord`: the record's table, the data map's regions, label-issue candidates
+and the subset of a dataset a score keeps.
+
+Definitions follow Dataset Cartography (Swayamdipta et al., 2020) with the losses training already computed in
+place of a separate pass after each epoch: *confidence* is the mean of ``exp(-loss)`` over the example's scorings
+(p(gold label) for cross-entropy), *variability* its standard deviation, *correctness* the share of scorings at
+which it was learned (p(gold) > 1/2).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .table import ExampleRecord
+
+#: The data map's regions. Ambiguous: the most variable third of the scored examples (Cartography's choice);
+#: of the others, easy when their gold label holds most of the probability on average, hard otherwise.
+EASY, AMBIGUOUS, HARD = "easy-to-learn", "ambiguous", "hard-to-learn"
+AMBIGUOUS_SHARE = 1 / 3
+
+#: Scores a subset can be chosen by: each keeps the examples with the highest value.
+PRUNE_SCORES = {
+    "mean_loss": "the hardest on average (highest mean loss)",
+    "first_loss": "the hardest at their first scoring (early-training loss, as Data Diet scores early)",
+    "confidence": "the easiest (highest mean p(gold)); it drops the likeliest label issues first",
+    "variability": "the most ambiguous (highest variability, Cartography's choice)",
+    "forgetting_events": "the most forgotten (forgetting events, Toneva et al.)",
+    "random": "a uniform-random subset of the same size: the control every score must beat",
+}
+
+
+def record_columns(record: ExampleRecord) -> dict[str, torch.Tensor]:
+    """One entry per example training saw (ascending id): counts, losses, epochs and the derived scores."""
+    ids = record.seen
+    times = record["times_scored"][ids].to(torch.float64)
+    scored = times > 0
+    n = times.clamp(min=1)
+    confidence = record["confidence_sum"][ids] / n
+    variance = (record["confidence_sq_sum"][ids] / n - confidence * confidence).clamp(min=0)
+    nan = torch.tensor(float("nan"), dtype=torch.float64)
+    columns = {
+        "id": ids,
+        "times_scored": record["times_scored"][ids],
+        "times_backpropagated": record["times_backpropagated"][ids],
+        "mean_loss": torch.where(scored, record["loss_sum"][ids] / n, nan).float(),
+        "first_loss": record["first_loss"][ids],
+        "last_loss": record["last_loss"][ids],
+        "confidence": torch.where(scored, confidence, nan).float(),
+        "variability": torch.where(scored, variance.sqrt(), nan).float(),
+        "correctness": torch.where(scored, record["times_learned"][ids] / n, nan).float(),
+        "forgetting_events": record["forgetting_events"][ids],
+        "first_scored_epoch": record["first_scored_epoch"][ids],
+        "last_scored_epoch": record["last_scored_epoch"][ids],
+        "first_learned_epoch": record["first_learned_epoch"][ids],
+        "nonfinite_losses": record["nonfinite_losses"][ids],
+    }
+    columns["region"] = regions(columns["confidence"], columns["variability"])
+    return columns
+
+
+def regions(confidence: torch.Tensor, variability: torch.Tensor) -> list[str | None]:
+    """Each example's data-map region (None where it was never scored)."""
+    known = ~torch.isnan(confidence)
+    threshold = float("inf")
+    if bool(known.any()):
+        threshold = float(torch.quantile(variability[known].double(), 1 - AMBIGUOUS_SHARE))
+    names = []
+    for conf, var, is_known in zip(confidence.tolist(), variability.tolist(), known.tolist(), strict=True):
+        if not is_known:
+            names.append(None)
+        elif var > threshold:  # strict: a record of one scoring each (variability 0) has no ambiguous examples
+            names.append(AMBIGUOUS)
+        else:
+            names.append(EASY if conf >= 0.5 else HARD)
+    return names
+
+
+def label_issue_order(confidence: torch.Tensor, variability: torch.Tensor) -> torch.Tensor:
+    """Positions ranked from likeliest label issue: lowest confidence first, then lowest variability (the
+    hard-to-learn corner of the data map, where Cartography found most mislabeled examples)."""
+    by_variability = torch.argsort(variability, stable=True)
+    return by_variability[torch.argsort(confidence[by_variability], stable=True)]
+
+
+def keep_order(scores: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Positions from most to least worth keeping: highest score first, ties in a random order, unscored (NaN)
+    last. A random ``scores`` (the control) is a plain permutation."""
+    shuffled = torch.randperm(scores.numel(), generator=generator)
+    values = scores[shuffled].to(torch.float64)
+    values = torch.where(torch.isnan(values), torch.tensor(float("-inf"), dtype=torch.float64), values)
+    return shuffled[torch.argsort(values, descending=True, stable=True)]

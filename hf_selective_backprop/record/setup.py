@@ -1,0 +1,81 @@
+"""What a trainer sets up to keep an example record (``--sb_record``) and to train on the subset an earlier run's
+record chooses (``--sb_subset_from``): ids on the training rows, the collator keeping them, the callback."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy
+import torch
+from datasets import Dataset as HFDataset
+from torch.utils.data import IterableDataset, Subset
+
+from ..engine.indexing import ids_by_position, keeping_ids, refuse_index_column_the_model_reads, with_index_column
+from .files import load_record
+from .keeper import RecordCallback
+from .pruning import kept_ids
+
+logger = logging.getLogger(__name__)
+
+
+def subset_record(args):
+    """The record ``--sb_subset_from`` names, read and checked before any data is prepared (None without it)."""
+    source = getattr(args, "sb_subset_from", None)
+    if source is None:
+        return None
+    try:
+        record = load_record(source)
+    except Exception as error:  # a missing file, an unreachable Hub, a file that is not a table: all name the flag
+        raise ValueError(f"--sb_subset_from {source!r}: no example record could be read ({error})") from error
+    needed = [args.sb_index_column] + ([] if args.sb_subset_by == "random" else [args.sb_subset_by])
+    missing = [column for column in needed if column not in record.column_names]
+    if missing:
+        raise ValueError(
+            f"--sb_subset_from {source!r}: the record has no {missing} column(s) (its columns: "
+            f"{record.column_names}); --sb_index_column must be the id column it was written with"
+        )
+    return record
+
+
+def prepare(trainer, record) -> bool:
+    """Give the training set ids and cut it to ``record``'s subset (if given); returns whether the trainer keeps
+    a record of its own, for which it adds the callback and, without selection, lets the ids through."""
+    args, column = trainer.args, trainer.args.sb_index_column
+    keeps = bool(args.sb_record) and trainer._can_record()
+    if keeps and trainer.selector is None:
+        keeps = _model_leaves_ids(trainer, column)
+    dataset = trainer.train_dataset
+    if dataset is not None and (keeps or record is not None):
+        dataset = with_index_column(dataset, column)
+        if record is not None:
+            dataset = _subset(dataset, record, args)
+        trainer.train_dataset = dataset
+    if not keeps:
+        return False
+    if trainer.selector is None:  # the selective path's loader keeps them already
+        trainer.data_collator = keeping_ids(trainer.data_collator, column)
+    trainer.add_callback(RecordCallback(trainer))
+    return True
+
+
+def _model_leaves_ids(trainer, column: str) -> bool:
+    """Without selection a model input or label may be named like the id column: the plain run keeps it, unrecorded."""
+    try:
+        refuse_index_column_the_model_reads(trainer.model, column, trainer.label_names)
+    except ValueError as error:
+        logger.warning(f"the example record is off: {error}")
+        return False
+    return True
+
+
+def _subset(dataset, record, args):
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
+        raise ValueError("--sb_subset_from keeps a share of a map-style training set: a stream has no size to share")
+    ids = ids_by_position(dataset, args.sb_index_column).numpy()
+    keep = kept_ids(record, ids, args.sb_subset_keep, args.sb_subset_by, args.seed, args.sb_index_column)
+    positions = numpy.flatnonzero(numpy.isin(ids, keep))
+    logger.info(f"--sb_subset_from: training on {len(positions):,} of {len(ids):,} examples "
+                f"({args.sb_subset_by}, keep {args.sb_subset_keep})")
+    if isinstance(dataset, HFDataset):
+        return dataset.select(positions)
+    return Subset(dataset, torch.from_numpy(positions).tolist())

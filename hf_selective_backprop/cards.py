@@ -17,7 +17,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers.trainer_utils import has_length
 
 from .data.specs import KNOWN_DATASETS
-from .engine.accounting import full_pass_summary
+from .engine.accounting import plain_run_summary
 from .engine.budget import PHI_COST_MODEL, PHI_GIVEN, PHI_MEASURED, PHI_MEASURING, PHI_NOT_MEASURED
 
 TEMPLATE_PATH = Path(str(files(__package__).joinpath("templates", "selective_backprop.md")))
@@ -179,7 +179,6 @@ def write_trainer_card(
     processes other than the main one, which write nothing.
     """
     from transformers.modelcard import extract_hyperparameters_from_trainer, parse_log_history
-    from transformers.trainer_utils import has_length
 
     if not trainer.is_world_process_zero():
         return None
@@ -241,18 +240,15 @@ def record_summary(output_dir: str | os.PathLike, id_column: str) -> dict | None
 
 
 def training_costs(trainer) -> dict:
-    """What the run cost: the trainer's ``sb_stats``, or the full-pass counters of a run without
-    selection (whose trainer, like transformers' Trainer, keeps none). Empty before training."""
+    """What the run cost: the trainer's ``sb_stats`` (a run without selection has the full-pass counters). Empty
+    before training."""
     if getattr(trainer, "sb_stats", None):
         return dict(trainer.sb_stats)
     state = trainer.state
     runtime = next((entry["train_runtime"] for entry in reversed(state.log_history) if "train_runtime" in entry), None)
-    if trainer.args.sb_strategy != "none" or runtime is None or not has_length(trainer.train_dataset):
+    if trainer.args.sb_strategy != "none" or runtime is None:
         return {}
-    summary = full_pass_summary(state.global_step, state.epoch or 0.0, len(trainer.train_dataset), runtime)
-    if trainer.args.sb_budget is not None:
-        summary["budget_spent"] = _last_logged(trainer, "sb/budget_spent")
-    return summary
+    return plain_run_summary(trainer, runtime)
 
 
 def hub_dataset_id(source: str | os.PathLike | None) -> str | None:

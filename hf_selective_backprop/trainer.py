@@ -20,7 +20,7 @@ from . import _compat, loss_check, parallelism
 from .cards import write_trainer_card
 from .config import check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
 from .engine import SelectionEngine, budget, reference, rotation, run_record, state_files, streams
-from .engine.accounting import STATS_FILE, finish_run, logged_counters, run_summary
+from .engine.accounting import STATS_FILE, finish_plain_run, finish_run, logged_counters, run_summary
 from .engine.callback import SelectionFlowCallback
 from .engine.data_state import DataState
 from .engine.engine import WEIGHT_KEY
@@ -352,8 +352,9 @@ class SelectiveBackpropMixin:
                 self._flow_callback.stop_filtering()
                 rotation.train_ended(self)
         if self.selector is not None:
-            # Without selection, the Trainer's own folder and metrics (cards.training_costs counts such a run).
             self.sb_stats = finish_run(self, output.metrics, self._expected_steps)
+        else:
+            self.sb_stats = finish_plain_run(self, output.metrics)
         if self.record_keeper is not None:
             self.record_keeper.write(self.args.output_dir, self.args.should_save)
         return output

@@ -16,6 +16,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel, Trainer
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
+from hf_selective_backprop.engine.accounting import STATS_FILE
 from hf_selective_backprop.losses import logits_of, per_example_loss_for
 from hf_selective_backprop.record import DATA_MAP_FILE, RECORD_FILE
 from hf_selective_backprop.record.keeper import RECORD_STATE_FILE, RecordCallback
@@ -198,13 +199,13 @@ def _files(folder: Path) -> list[str]:
 
 @pytest.mark.parametrize("recorded", [False, True])
 def test_selection_off_keeps_the_trainers_callbacks_state_and_rotation(tmp_path, recorded):
-    """Without selection the trainer is the Trainer; the example record (on by default) adds its callback, its
-    table and data map in the output folder and its state in each checkpoint, nothing else."""
+    """Without selection the trainer is the Trainer, with its counters in sb_stats.json; the example record (on by
+    default) adds its callback, its table and data map in the output folder and its state in each checkpoint."""
     ours = _run(SelectiveBackpropTrainer, tmp_path / "ours", sb_record=recorded)
     theirs = _run(Trainer, tmp_path / "theirs")
     callbacks = [[type(cb) for cb in trainer.callback_handler.callbacks] for trainer in (ours, theirs)]
     assert callbacks[0] == callbacks[1] + ([RecordCallback] if recorded else [])
-    added = {RECORD_FILE, DATA_MAP_FILE} if recorded else set()
+    added = {STATS_FILE} | ({RECORD_FILE, DATA_MAP_FILE} if recorded else set())
     ours_files = set(_files(tmp_path / "ours"))
     assert ours_files - {path for path in ours_files if path.endswith(RECORD_STATE_FILE)} == set(
         _files(tmp_path / "theirs")) | added
@@ -215,6 +216,23 @@ def test_selection_off_keeps_the_trainers_callbacks_state_and_rotation(tmp_path,
         assert state[0]["global_step"] == state[1]["global_step"]
         assert (tmp_path / "ours" / checkpoint.name / RECORD_STATE_FILE).is_file() == (
             recorded and checkpoint.name != "checkpoint-1")
+
+
+def test_selection_off_keeps_the_counters_in_sb_stats_the_logs_and_sb_stats_json(tmp_path):
+    args = make_config(str(tmp_path / "full"), sb_strategy="none", logging_steps=3, save_strategy="steps",
+                       save_steps=5)
+    trainer = SelectiveBackpropTrainer(model=TinyClassifier(), args=args, train_dataset=make_dataset(64))
+    metrics = trainer.train().metrics
+    stats = trainer.sb_stats
+    assert (stats["backwards"], stats["selection_forwards"], stats["kept_fraction"]) == (2 * 64, 0, 1.0)
+    assert stats["optimizer_steps"] == trainer.state.global_step == 16 and metrics["sb/backwards"] == 128
+    assert json.loads((tmp_path / "full" / STATS_FILE).read_text())["backwards"] == 128
+    logged = [log["sb/backwards"] for log in trainer.state.log_history if "loss" in log]
+    assert logged == [24, 48, 72, 96, 120]
+    resumed = SelectiveBackpropTrainer(model=TinyClassifier(), args=make_config(
+        str(tmp_path / "resumed"), sb_strategy="none"), train_dataset=make_dataset(64))
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-10"))
+    assert resumed.sb_stats["backwards"] == 128
 
 
 def test_resume_true_without_checkpoints_keeps_the_trainers_words(output_dir):

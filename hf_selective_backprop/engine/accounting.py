@@ -9,6 +9,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 
+from transformers.trainer_utils import has_length
+
 from . import distributed
 from .budget import PHI_MEASURING, PHI_NOT_MEASURED
 
@@ -206,15 +208,40 @@ def end_of_run_notes(
     return notes
 
 
+def plain_run_summary(trainer, train_seconds: float | None = None) -> dict:
+    """`full_pass_summary` of ``trainer``'s run without selection so far, from the Trainer's own state (so a resumed
+    run counts what the uninterrupted one did); with --sb_budget, the share of the full run's cost spent."""
+    state, args = trainer.state, trainer.args
+    if has_length(trainer.train_dataset):
+        examples, epochs = len(trainer.train_dataset), state.epoch or 0.0
+    else:  # a stream: every step trains full batches on every process
+        examples, epochs = args.train_batch_size * args.gradient_accumulation_steps * args.world_size, state.global_step
+    summary = full_pass_summary(state.global_step, epochs, examples, train_seconds)
+    if trainer.plain_budget is not None:
+        summary["budget_spent"] = trainer.plain_budget.spent(state.global_step)
+    return summary
+
+
 def logged_counters(trainer) -> dict:
     """The ``sb/*`` entries of ``trainer``'s training logs: a selective run's counters summed over processes (a
-    collective), or a budget-matched plain run's share of the full run's cost spent (its steps'). Counters only:
-    wall-clock figures differ between a resumed and an uninterrupted run, so they are in train()'s metrics and
-    sb_stats.json, not in the log history."""
+    collective), or a plain run's full-pass counters (and, with a budget, the share of the full run's cost spent).
+    Counters only: wall-clock figures differ between a resumed and an uninterrupted run, so they are in train()'s
+    metrics and sb_stats.json, not in the log history."""
     if trainer.selector is None:
-        plain = trainer.plain_budget
-        return {} if plain is None else {"sb/budget_spent": plain.spent(trainer.state.global_step)}
-    return {f"sb/{k}": v for k, v in trainer.selection_summary().items() if k not in WALL_CLOCK_FIGURES}
+        summary = plain_run_summary(trainer)
+    else:
+        summary = trainer.selection_summary()
+    return {f"sb/{k}": v for k, v in summary.items() if k not in (*WALL_CLOCK_FIGURES, "strategy")}
+
+
+def finish_plain_run(trainer, metrics: dict) -> dict:
+    """A run without selection's summary, as `finish_run` gives a selective one's: in train()'s ``metrics`` and
+    sb_stats.json."""
+    stats = plain_run_summary(trainer, metrics.get("train_runtime"))
+    metrics.update({f"sb/{k}": v for k, v in stats.items()})
+    if trainer.args.should_save:
+        write_stats(stats, os.path.join(trainer.args.output_dir, STATS_FILE))
+    return stats
 
 
 def finish_run(trainer, metrics: dict, expected_steps: int) -> dict:

@@ -1,0 +1,156 @@
+"""What the example record (--sb_record) costs a training step, measured side by side with it off.
+
+    python benchmarks/bench_record.py [--workloads image,text,sft] [--repeats 3] [--threads 2]
+
+Each workload trains from the same seed with the record off and on, alternately (off, on, off, on, ...), so that
+a drift of the machine's speed falls on both; a run's step time is the mean over its steps after the first
+``--warmup`` (two epoch ends, where the record gathers its events, fall inside that window). The table gives each
+pair's overhead (on / off - 1), their median and range, and the one-time cost of writing the table and data map
+for ``--write_examples`` examples at the end of a run. Synthetic inputs of the workloads' shapes: a step's cost does
+not depend on the pixel or token values. Timing is the point: run it on an otherwise idle machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+
+import torch
+from datasets import Dataset
+from harness.provenance import provenance
+from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel, TrainerCallback
+
+from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
+from hf_selective_backprop.record.files import write_record
+from hf_selective_backprop.record.table import TRAINED, ExampleRecord
+
+#: workload -> (strategies timed, batch size, steps per epoch)
+WORKLOADS = {"image": (("none", "sb"), 128, 30), "text": (("none",), 32, 30), "sft": (("none",), 16, 30)}
+
+
+class StepClock(TrainerCallback):
+    def __init__(self):
+        self.ends: list[float] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.ends.append(time.perf_counter())
+
+
+def _image_parts(rows: int):
+    generator = torch.Generator().manual_seed(0)
+    data = Dataset.from_dict({
+        "pixel_values": torch.randn(rows, 3, 32, 32, generator=generator).numpy(),
+        "labels": torch.randint(0, 10, (rows,), generator=generator).tolist(),
+    }).with_format("torch")
+    return lambda: _seeded_image_model(), data
+
+
+def _seeded_image_model():
+    from hf_selective_backprop.models import ModelArguments, build_model
+
+    torch.manual_seed(0)
+    return build_model(ModelArguments(model="cifar_convnet_half"), 10, 32, (0.5,) * 3, (0.25,) * 3)
+
+
+def _token_parts(rows: int, kind: str):
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(1, 1000, (rows, 64), generator=generator)
+    if kind == "text":
+        columns = {"input_ids": tokens.tolist(), "attention_mask": torch.ones_like(tokens).tolist(),
+                   "labels": torch.randint(0, 2, (rows,), generator=generator).tolist()}
+        config = BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                            intermediate_size=512, max_position_embeddings=64, num_labels=2)
+        return lambda: _seeded(BertForSequenceClassification, config), Dataset.from_dict(columns).with_format("torch")
+    columns = {"input_ids": tokens.tolist(), "attention_mask": torch.ones_like(tokens).tolist(),
+               "labels": tokens.tolist()}
+    config = GPT2Config(vocab_size=1000, n_embd=128, n_layer=2, n_head=2, n_positions=64)
+    return lambda: _seeded(GPT2LMHeadModel, config), Dataset.from_dict(columns).with_format("torch")
+
+
+def _seeded(model_class, config):
+    torch.manual_seed(0)
+    return model_class(config)
+
+
+def step_seconds(workload: str, strategy: str, record: bool, steps: int, warmup: int, folder: str) -> float:
+    _, batch, per_epoch = WORKLOADS[workload]
+    rows = batch * per_epoch
+    make_model, data = _image_parts(rows) if workload == "image" else _token_parts(rows, workload)
+    args = SelectiveBackpropConfig(
+        output_dir=folder, sb_strategy=strategy, sb_record=record, per_device_train_batch_size=batch,
+        max_steps=steps, learning_rate=0.01, use_cpu=True, report_to=[], save_strategy="no", disable_tqdm=True,
+        logging_steps=10_000, seed=0, dataloader_num_workers=0,
+    )
+    clock = StepClock()
+    trainer = SelectiveBackpropTrainer(model=make_model(), args=args, train_dataset=data, callbacks=[clock])
+    trainer.train()
+    return (clock.ends[-1] - clock.ends[warmup - 1]) / (len(clock.ends) - warmup)
+
+
+def write_seconds(examples: int, folder: str) -> float:
+    record = ExampleRecord()
+    generator = torch.Generator().manual_seed(0)
+    for epoch in range(5):
+        ids = torch.randperm(examples, generator=generator)
+        losses = torch.rand(examples, generator=generator, dtype=torch.float64) * 3
+        record.apply(ids, losses, torch.full_like(ids, TRAINED), torch.full_like(ids, epoch))
+    start = time.perf_counter()
+    write_record(record, os.path.join(folder, "example_record.parquet"), "index")
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default="image,text,sft")
+    parser.add_argument("--repeats", type=int, default=3, help="pairs of runs (off, on) per workload and strategy")
+    parser.add_argument("--steps", type=int, default=75, help="optimizer steps per run (two and a half epochs)")
+    parser.add_argument("--warmup", type=int, default=10, help="steps left out of the timing")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--write_examples", type=int, default=50_000)
+    parser.add_argument("--output", default="benchmarks/results/record-overhead")
+    options = parser.parse_args()
+    torch.set_num_threads(options.threads)
+    rows, results = [], []
+    with tempfile.TemporaryDirectory() as folder:
+        for workload in options.workloads.split(","):
+            for strategy in WORKLOADS[workload][0]:
+                overheads, times = [], {False: [], True: []}
+                for repeat in range(options.repeats):
+                    pair = {}
+                    for record in (False, True):
+                        seconds = step_seconds(workload, strategy, record, options.steps, options.warmup,
+                                               os.path.join(folder, f"{workload}-{strategy}-{repeat}-{record}"))
+                        pair[record] = seconds
+                        times[record].append(seconds)
+                    overheads.append(pair[True] / pair[False] - 1)
+                    print(f"{workload} {strategy} pair {repeat}: off {pair[False] * 1e3:.1f} ms, "
+                          f"on {pair[True] * 1e3:.1f} ms a step ({100 * overheads[-1]:+.2f} %)", flush=True)
+                results.append({"workload": workload, "strategy": strategy, "off": times[False],
+                                "on": times[True], "overheads": overheads})
+                rows.append(f"| {workload} | {strategy} | {statistics.median(times[False]) * 1e3:.1f} | "
+                            f"{statistics.median(times[True]) * 1e3:.1f} | {100 * statistics.median(overheads):+.2f} % "
+                            f"({100 * min(overheads):+.2f} to {100 * max(overheads):+.2f}) |")
+        written = write_seconds(options.write_examples, folder)
+    report = [
+        "# The example record's cost per training step", "",
+        f"`{provenance()['command']}` at commit {provenance()['commit']}, {options.threads} torch threads, "
+        f"{os.cpu_count()} CPUs. Median over {options.repeats} pairs of runs (off, on) of each pair's overhead, "
+        "its range in brackets.", "",
+        "| workload | strategy | step, record off (ms) | step, record on (ms) | overhead: median (range) |",
+        "|---|---|---|---|---|", *rows, "",
+        f"Writing the table and data map of {options.write_examples:,} examples at the end of a run: {written:.2f} s.",
+    ]
+    os.makedirs(options.output, exist_ok=True)
+    with open(os.path.join(options.output, "report.md"), "w") as handle:
+        handle.write("\n".join(report) + "\n")
+    with open(os.path.join(options.output, "results.json"), "w") as handle:
+        json.dump({"provenance": provenance(), "results": results, "write_seconds": written}, handle, indent=2)
+    print("\n".join(report))
+
+
+if __name__ == "__main__":
+    main()

@@ -21,9 +21,9 @@ import time
 
 import torch
 from datasets import Dataset
-from harness.provenance import provenance
 from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel, TrainerCallback
 
+from harness.provenance import provenance
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
 from hf_selective_backprop.record.files import write_record
 from hf_selective_backprop.record.table import TRAINED, ExampleRecord

@@ -18,7 +18,6 @@ from .cards import hub_dataset_id, training_costs
 from .config import SelectiveBackpropConfig
 from .data import DataArguments, load_image_data
 from .engine import run_record
-from .engine.accounting import STATS_FILE, write_stats
 from .engine.checkpoints import STATE_FILE, last_complete_checkpoint, require_resumable
 from .metrics import compute_metrics
 from .models import ModelArguments, build_model, model_flags
@@ -250,8 +249,6 @@ def _train(config: SelectiveBackpropConfig, data_args: DataArguments, model_args
     card = {"dataset": data.dataset_id, "eval_split": data_args.eval_split or "test"}
     if trainer.args.should_save:
         trainer.create_model_card(**card)
-        if config.sb_strategy == "none":  # the trainer writes it for selective runs; comparisons read it for all
-            write_stats(stats, os.path.join(config.output_dir, STATS_FILE))
         if len(data.train.noisy_indices):
             data.train.noisy_indices.numpy().tofile(os.path.join(config.output_dir, "noisy_indices.int64"))
         if data.holdout_ids is not None:

@@ -1,0 +1,148 @@
+"""The report of benchmarks/run_record.sh: pruning by the example record's scores against a random subset of the same
+size, and label issues found by one run's record against cleanlab's K-fold confident learning.
+
+    python benchmarks/record_report.py --root benchmarks/results/record-cifar10-cifar_convnet_half/epochs6
+
+Pruning: per setting (source, score, kept share) the accuracy over seeds (mean ± sd), the second run's saving against
+Traditional ('full') in examples trained (the cost model) and in wall time, and end to end with the scoring run's
+time added. Lossless: a mean at least Traditional's mean minus its sd. Label issues: precision at the true number of
+flips, the flagged set's precision and recall, AUROC, and the training each method took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import re
+import statistics
+from collections import defaultdict
+
+SETTING = re.compile(r"(?P<source>\w+?)-(?P<score>\w+)-keep(?P<keep>[\d.]+)$")
+
+
+def run_summary(folder: str) -> dict | None:
+    """Accuracy, examples trained and train seconds of a finished scripts/train.py run (None: unfinished)."""
+    state_path = os.path.join(folder, "trainer_state.json")
+    if not os.path.isfile(state_path):
+        return None
+    with open(state_path) as handle:
+        history = json.load(handle)["log_history"]
+    accuracy = next((entry["eval_accuracy"] for entry in reversed(history) if "eval_accuracy" in entry), None)
+    with open(os.path.join(folder, "train_results.json")) as handle:
+        seconds = json.load(handle)["train_runtime"]
+    with open(os.path.join(folder, "sb_stats.json")) as handle:
+        backwards = json.load(handle)["backwards"]
+    return {"accuracy": None if accuracy is None else 100 * accuracy, "seconds": seconds, "backwards": backwards}
+
+
+def _mean_sd(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.2f} ± {sd:.2f}"
+
+
+def pruning_rows(root: str) -> list[str]:
+    seeds = sorted(glob.glob(os.path.join(root, "seed*")))
+    runs = defaultdict(dict)  # name -> seed -> summary
+    for seed in seeds:
+        for folder in glob.glob(os.path.join(seed, "*")):
+            summary = run_summary(folder)
+            if summary is not None:
+                runs[os.path.basename(folder)][os.path.basename(seed)] = summary
+    full = runs.get("full", {})
+    if not full:
+        return ["No finished Traditional ('full') run yet."]
+    bar_values = [run["accuracy"] for run in full.values()]
+    bar = statistics.mean(bar_values) - (statistics.stdev(bar_values) if len(bar_values) > 1 else 0.0)
+    full_seconds = statistics.mean(run["seconds"] for run in full.values())
+    lines = [
+        f"Traditional ('full', {len(full)} seeds): {_mean_sd(bar_values)} % ({full_seconds:.0f} s); "
+        f"lossless means at least {bar:.2f} %.", "",
+        "| setting | seeds | accuracy (%) | lossless | second run: saving, examples | second run: saving, time | "
+        "end to end with its scoring run: saving, time |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in sorted(runs, key=_setting_order):
+        if name in ("full", "epoch1", "proxy"):
+            continue
+        seeds_done = runs[name]
+        accuracies = [run["accuracy"] for run in seeds_done.values()]
+        examples, times, end_to_end = [], [], []
+        source = "full" if name.startswith("random") else SETTING.match(name)["source"]
+        for seed, run in seeds_done.items():
+            if seed not in full:
+                continue
+            examples.append(full[seed]["backwards"] / run["backwards"])
+            times.append(full[seed]["seconds"] / run["seconds"])
+            scoring = runs.get(source, {}).get(seed)
+            if scoring is not None and not name.startswith("random"):
+                end_to_end.append(full[seed]["seconds"] / (run["seconds"] + scoring["seconds"]))
+        lossless = "yes" if accuracies and statistics.mean(accuracies) >= bar else "no"
+        lines.append(
+            f"| {name} | {len(seeds_done)} | {_mean_sd(accuracies)} | {lossless} | {_ratio(examples)} | "
+            f"{_ratio(times)} | {_ratio(end_to_end) if end_to_end else 'n/a (no scoring run)'} |"
+        )
+    return lines
+
+
+def _setting_order(name: str):
+    match = SETTING.match(name)
+    if match is None:
+        keep = float(name.rsplit("keep", 1)[1]) if "keep" in name else 1.0
+        return (keep, "", "")
+    return (float(match["keep"]), match["source"], match["score"])
+
+
+def _ratio(values: list[float]) -> str:
+    return f"{statistics.mean(values):.2f}x" if values else "n/a"
+
+
+def label_issue_rows(root: str) -> list[str]:
+    lines = []
+    for noise_folder in sorted(glob.glob(os.path.join(root, "noise*"))):
+        results = [json.load(open(path)) for path in sorted(glob.glob(os.path.join(noise_folder, "seed*",
+                                                                                   "cleanlab", "label_issues.json")))]
+        if not results:
+            continue
+        lines += [f"### {os.path.basename(noise_folder)[5:]} of the labels flipped ({len(results)} seeds)", "",
+                  "| method | trainings | training time (s) | precision at the flip count | flagged | precision | "
+                  "recall | AUROC |", "|---|---|---|---|---|---|---|---|"]
+        for method in ("record", "cleanlab"):
+            rows = [result[method] for result in results]
+            precision = [r["precision_flagged"] for r in rows if r["precision_flagged"] is not None]
+            lines.append(
+                f"| {method} | {rows[0]['trainings']} | {statistics.mean(r['seconds'] for r in rows):.0f} | "
+                f"{_mean_sd([r['precision_at_flips'] for r in rows])} | "
+                f"{statistics.mean(r['flagged'] for r in rows):.0f} | {_mean_sd(precision)} | "
+                f"{_mean_sd([r['recall_flagged'] for r in rows])} | {_mean_sd([r['auroc'] for r in rows])} |"
+            )
+        trained = defaultdict(list)
+        for seed in sorted(glob.glob(os.path.join(noise_folder, "seed*"))):
+            for folder in glob.glob(os.path.join(seed, "*")):
+                summary = run_summary(folder)
+                if summary is not None:
+                    trained[os.path.basename(folder)].append(summary["accuracy"])
+        lines += ["", "| training set | accuracy (%) |", "|---|---|"]
+        lines += [f"| {name} | {_mean_sd(values)} |" for name, values in sorted(trained.items())]
+        lines.append("")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--root", required=True)
+    options = parser.parse_args()
+    report = ["# The example record: pruning for the next run, and label issues", "",
+              f"Runs under `{options.root}` (benchmarks/run_record.sh).", "", "## Pruning", "",
+              *pruning_rows(options.root), "", "## Label issues", "", *label_issue_rows(options.root)]
+    path = os.path.join(options.root, "report.md")
+    with open(path, "w") as handle:
+        handle.write("\n".join(report) + "\n")
+    print("\n".join(report))
+
+
+if __name__ == "__main__":
+    main()

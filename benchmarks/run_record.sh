@@ -1,0 +1,116 @@
+#!/bin/bash
+# The example record's payoff (docs/record/benchmarks.md, "The example record"): pruning the next run's training set
+# by a record's scores, each beside a random subset of the same size, and label issues found by one run's record
+# against cleanlab's 5-fold confident learning. On the image fine-tuning workload of run_frontier.sh (CIFAR-10 classes
+# 5-9 from $MODEL pretrained on classes 0-4: the same stand-in, flags and learning rate), through scripts/train.py.
+#
+# PARTS (in this order by default):
+#   pretrain  the stand-in checkpoint (run_finetune.sh's part of that name)
+#   scores    seeds $SEEDS: the runs whose records score the examples, each with its own cost: Traditional for $EPOCHS
+#             epochs ('full': also the accuracy bar), its first epoch alone ('epoch1': a 1-epoch run), and a proxy
+#             ($PROXY_MODEL from scratch, without the stand-in's pretraining, for $PROXY_EPOCHS epochs: 'proxy', Selection
+#             via Proxy's weaker, cheaper model; PROXY_MODEL picks another timm architecture)
+#   prune     seeds $SEEDS: Traditional for $EPOCHS epochs on the subset each source x score in $SOURCES x $SCORES
+#             keeps at each of $KEEPS, and on a random subset of each size (the control)
+#   noisy     $NOISE of the labels flipped, seeds $NOISY_SEEDS: Traditional with the record, cleanlab's $FOLDS-fold
+#             cross-validation on the same data (benchmarks/label_issues.py), and Traditional without the record's
+#             candidates (the share flipped, lowest confidence first) beside a random subset of the same size
+#   report    benchmarks/record_report.py: $R/report.md
+# Every run is a process of its own, skipped when its trainer_state.json exists: killing this and starting it again
+# goes on where it stopped (the run in progress starts over). The savings are counted in examples trained (the cost
+# model) and in wall time: time them on an otherwise idle machine. BENCH_LOCK=<file>: each run holds that file's lock.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source benchmarks/lr_choice.sh
+PY=${PY:-.venv/bin/python}
+DATA=${DATA:-../shared/data}
+MODEL=${MODEL:-cifar_convnet_half}
+CACHE=${FINETUNE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hf-selective-backprop/finetune}
+PRETRAIN_EPOCHS=${PRETRAIN_EPOCHS:-20}
+PRETRAINED=${PRETRAINED:-$CACHE/$MODEL-cifar10-classes0-4-$PRETRAIN_EPOCHS-epochs}
+EPOCHS=${EPOCHS:-6}
+R=${RESULTS:-benchmarks/results/record-cifar10-$MODEL/epochs$EPOCHS}
+LR=${LR:-$(best_lr benchmarks/results/finetune-cifar10-$MODEL/lr)}
+SEEDS=${SEEDS:-0 1 2}
+SOURCES=${SOURCES:-full epoch1 proxy}
+SCORES=${SCORES:-mean_loss confidence variability}
+KEEPS=${KEEPS:-0.5 0.7 0.9}
+PROXY_MODEL=${PROXY_MODEL:-$MODEL}
+PROXY_EPOCHS=${PROXY_EPOCHS:-2}
+NOISE=${NOISE:-0.1 0.2}
+NOISY_SEEDS=${NOISY_SEEDS:-0 1 2}
+FOLDS=${FOLDS:-5}
+export OMP_NUM_THREADS=${THREADS:-2}
+read -r -a EXTRA <<<"${EXTRA:-}"
+LOCK=()
+[[ -n ${BENCH_LOCK:-} ]] && LOCK=(flock "$BENCH_LOCK")
+
+DATA_FLAGS=(--dataset "$DATA/cifar10" --classes 5,6,7,8,9 --cutout 0)
+RUN_FLAGS=(--learning_rate "$LR" --eval_strategy no --save_strategy no --disable_tqdm true --logging_steps 50
+    --sb_strategy none "${EXTRA[@]}")
+
+train() {  # FOLDER FLAGS...: one scripts/train.py run, unless it finished before
+    local FOLDER=$1
+    shift
+    [[ -f $FOLDER/trainer_state.json ]] && return
+    "${LOCK[@]}" $PY scripts/train.py "${DATA_FLAGS[@]}" "${RUN_FLAGS[@]}" --output_dir "$FOLDER" \
+        --overwrite_output_dir "$@"
+}
+
+for PART in ${PARTS:-pretrain scores prune noisy report}; do
+    case $PART in
+    pretrain)
+        EXTRA="${EXTRA[*]}" PARTS=pretrain MODEL=$MODEL PRETRAINED=$PRETRAINED PRETRAIN_EPOCHS=$PRETRAIN_EPOCHS \
+            bash benchmarks/run_finetune.sh
+        ;;
+    scores)
+        for SEED in $SEEDS; do
+            train "$R/seed$SEED/full" --model_name_or_path "$PRETRAINED" --num_train_epochs "$EPOCHS" --seed "$SEED"
+            train "$R/seed$SEED/epoch1" --model_name_or_path "$PRETRAINED" --num_train_epochs 1 --seed "$SEED"
+            train "$R/seed$SEED/proxy" --model "$PROXY_MODEL" --num_train_epochs "$PROXY_EPOCHS" --seed "$SEED"
+        done
+        ;;
+    prune)
+        for SEED in $SEEDS; do
+            for KEEP in $KEEPS; do
+                for SOURCE in $SOURCES; do
+                    for SCORE in $SCORES; do
+                        train "$R/seed$SEED/$SOURCE-$SCORE-keep$KEEP" --model_name_or_path "$PRETRAINED" \
+                            --num_train_epochs "$EPOCHS" --seed "$SEED" --sb_subset_from "$R/seed$SEED/$SOURCE" \
+                            --sb_subset_keep "$KEEP" --sb_subset_by "$SCORE"
+                    done
+                done
+                train "$R/seed$SEED/random-keep$KEEP" --model_name_or_path "$PRETRAINED" --num_train_epochs "$EPOCHS" \
+                    --seed "$SEED" --sb_subset_from "$R/seed$SEED/full" --sb_subset_keep "$KEEP" --sb_subset_by random
+            done
+        done
+        ;;
+    noisy)
+        $PY -c "import cleanlab" 2>/dev/null || $PY -m pip install --quiet cleanlab  # this benchmark's tool only
+        for P in $NOISE; do
+            for SEED in $NOISY_SEEDS; do
+                N=$R/noise$P/seed$SEED
+                NOISY=(--model_name_or_path "$PRETRAINED" --num_train_epochs "$EPOCHS" --seed "$SEED" --label_noise "$P"
+                    --label_noise_seed "$SEED")
+                train "$N/full" "${NOISY[@]}"
+                if [[ ! -f $N/cleanlab/label_issues.json ]]; then
+                    "${LOCK[@]}" $PY benchmarks/label_issues.py "${DATA_FLAGS[@]}" "${RUN_FLAGS[@]}" "${NOISY[@]}" \
+                        --record "$N/full" --folds "$FOLDS" --output_dir "$N/cleanlab"
+                fi
+                KEEP=$($PY -c "print(round(1 - $P, 4))")
+                train "$N/without-candidates" "${NOISY[@]}" --sb_subset_from "$N/full" --sb_subset_keep "$KEEP" \
+                    --sb_subset_by confidence
+                train "$N/random-keep$KEEP" "${NOISY[@]}" --sb_subset_from "$N/full" --sb_subset_keep "$KEEP" \
+                    --sb_subset_by random
+            done
+        done
+        ;;
+    report)
+        $PY benchmarks/record_report.py --root "$R"
+        ;;
+    *)
+        echo "unknown part $PART" >&2
+        exit 2
+        ;;
+    esac
+done

@@ -1,0 +1,42 @@
+"""The record benchmark's report (benchmarks/record_report.py) from run folders, and the label-issue metrics of
+benchmarks/label_issues.py."""
+
+import json
+
+import numpy
+import pytest
+from label_issues import auroc, ranking_metrics
+from record_report import pruning_rows
+
+
+def _run(folder, accuracy, seconds, backwards):
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"log_history": [
+        {"loss": 1.0}, {"eval_accuracy": accuracy / 100, "epoch": 6}]}))
+    (folder / "train_results.json").write_text(json.dumps({"train_runtime": seconds}))
+    (folder / "sb_stats.json").write_text(json.dumps({"backwards": backwards}))
+
+
+def test_pruning_rows_give_each_settings_accuracy_savings_and_whether_it_is_lossless(tmp_path):
+    for seed, offset in ((0, -0.5), (1, 0.5)):
+        root = tmp_path / f"seed{seed}"
+        _run(root / "full", 90 + offset, 100.0, 1000)
+        _run(root / "epoch1", 70, 20.0, 200)
+        _run(root / "epoch1-mean_loss-keep0.5", 90 + offset, 50.0, 500)  # level with Traditional: lossless
+        _run(root / "random-keep0.5", 88, 50.0, 500)
+    rows = pruning_rows(str(tmp_path))
+    assert "lossless means at least 89.29 %" in rows[0]  # mean 90 minus sd 0.71
+    (pruned,) = [row for row in rows if row.startswith("| epoch1-mean_loss-keep0.5 ")]
+    assert "| 90.00 ± 0.71 | yes | 2.00x | 2.00x | 1.43x |" in pruned  # 100 s / (50 s + its 20 s scoring run)
+    (random,) = [row for row in rows if row.startswith("| random-keep0.5 ")]
+    assert "| 88.00 ± 0.00 | no | 2.00x | 2.00x | n/a" in random
+
+
+def test_auroc_and_precision_at_the_flip_count():
+    flipped = numpy.array([True, True, False, False, False])
+    perfect = numpy.array([0.9, 0.8, 0.1, 0.2, 0.3])
+    assert auroc(perfect, flipped) == 1.0 and auroc(-perfect, flipped) == 0.0
+    assert auroc(numpy.zeros(5), flipped) == pytest.approx(0.5)  # all tied
+    metrics = ranking_metrics(numpy.array([0.9, 0.1, 0.8, 0.2, 0.3]), numpy.array([1, 0, 1, 0, 0], bool), flipped)
+    assert metrics["precision_at_flips"] == 0.5 and metrics["recall_flagged"] == 0.5
+    assert metrics["precision_flagged"] == 0.5 and metrics["auroc"] == pytest.approx(3 / 6)  # 0.9 beats 3, 0.1 none

@@ -37,6 +37,7 @@ def weights(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
+@pytest.mark.cpu_kernels
 def test_none_is_exactly_the_trainer(output_dir):
     reference_args = TrainingArguments(
         output_dir=output_dir, per_device_train_batch_size=8, num_train_epochs=2, learning_rate=0.05,

@@ -19,7 +19,7 @@ from transformers.trainer_utils import has_length
 from . import _compat, loss_check, parallelism
 from .cards import write_trainer_card
 from .config import check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
-from .engine import SelectionEngine, budget, reference, rotation, run_record, state_files, streams
+from .engine import SelectionEngine, budget, console, reference, rotation, run_record, state_files, streams
 from .engine.accounting import STATS_FILE, finish_run, logged_counters, run_summary
 from .engine.callback import SelectionFlowCallback
 from .engine.data_state import DataState
@@ -76,6 +76,7 @@ class SelectiveBackpropMixin:
         self._refuse_before_data(given, selector, per_example_loss_func)
         super().__init__(*args, **kwargs)
         check_trainer_arguments(self, per_example_loss_func)
+        console.show_fewer_counters(self)  # the sb/* counters a person reads; every one still goes to report_to
         self.label_name = self.label_names[0] if self.label_names else "labels"
         # The label smoother's factor: the Trainer drops it for multi-label classification.
         smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0

@@ -102,9 +102,10 @@ def read_text(args: PretrainArguments) -> datasets.Dataset:
 
 
 def main() -> None:
-    parser = HfArgumentParser((PretrainArguments, TextModelArguments, TrainingArguments, OutputArguments))
+    # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
+    parser = HfArgumentParser((PretrainArguments, TextModelArguments, OutputArguments, TrainingArguments))
     parser.set_defaults(**DEFAULTS)
-    args, model_args, training_args, output_args = parser.parse_args_into_dataclasses()
+    args, model_args, output_args, training_args = parser.parse_args_into_dataclasses()
     # Cheap checks first: none of these mistakes should cost reading the dataset.
     check_output_dir(training_args.output_dir)
     checkpoint = resume_checkpoint(training_args)

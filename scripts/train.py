@@ -36,9 +36,10 @@ DEFAULTS = dict(
 
 
 def main() -> None:
-    parser = HfArgumentParser((SelectiveBackpropConfig, DataArguments, ModelArguments, OutputArguments))
+    # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
+    parser = HfArgumentParser((ModelArguments, DataArguments, OutputArguments, SelectiveBackpropConfig))
     parser.set_defaults(**DEFAULTS)
-    config, data_args, model_args, output_args = parser.parse_args_into_dataclasses()
+    model_args, data_args, output_args, config = parser.parse_args_into_dataclasses()
     result = train_image_classifier(config, data_args, model_args, output_args.overwrite_output_dir)
     if config.should_save:
         accuracy = "n/a" if result.accuracy is None else f"{result.accuracy:.4f}"

@@ -91,9 +91,10 @@ def sft_tokenizer(texts, model_args: TextModelArguments, max_length: int):
 
 
 def main() -> None:
-    parser = HfArgumentParser((SelectiveBackpropSFTConfig, SFTDataArguments, TextModelArguments, OutputArguments))
+    # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
+    parser = HfArgumentParser((TextModelArguments, SFTDataArguments, OutputArguments, SelectiveBackpropSFTConfig))
     parser.set_defaults(**DEFAULTS)
-    config, data_args, model_args, output_args = parser.parse_args_into_dataclasses()
+    model_args, data_args, output_args, config = parser.parse_args_into_dataclasses()
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
     run_record.check_model_flags(checkpoint, model_flags(model_args, config.max_length))

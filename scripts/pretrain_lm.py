@@ -2,8 +2,8 @@
 splits, its labels unused: task-adaptive pretraining (Gururangan et al., ACL 2020, "Don't Stop Pretraining"), the
 stand-in for a downloaded checkpoint that benchmarks/run_finetune.sh fine-tunes where the Hub cannot be reached.
 
-    python scripts/pretrain_lm.py --dataset ../shared/data/sst2 --objective mlm --output_dir outputs/bert-sst2
-    python scripts/train_text.py --dataset ../shared/data/sst2 --model_name_or_path outputs/bert-sst2 ...
+    python scripts/pretrain_lm.py --dataset path/to/sst2 --objective mlm --output_dir outputs/bert-sst2
+    python scripts/train_text.py --dataset path/to/sst2 --model_name_or_path outputs/bert-sst2 ...
 
 A WordPiece tokenizer is learnt from the same text and saved with the model (save_pretrained), with
 train_results.json (the pretraining's time). After an interruption the same command plus

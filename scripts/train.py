@@ -1,6 +1,6 @@
 """Train a timm image classifier with Selective-Backprop (or any other strategy).
 
-    python scripts/train.py --dataset ../shared/data/cifar10 --model resnet18 \
+    python scripts/train.py --dataset path/to/cifar10 --model resnet18 \
         --sb_strategy sb --sb_beta 2 --num_train_epochs 1 --output_dir outputs/cifar10-sb
 
 A checkpoint is saved every epoch (--save_strategy); after an interruption the same command plus

@@ -76,7 +76,6 @@ class SelectiveBackpropMixin:
         self._refuse_before_data(given, selector, per_example_loss_func)
         super().__init__(*args, **kwargs)
         check_trainer_arguments(self, per_example_loss_func)
-        console.show_fewer_counters(self)  # the sb/* counters a person reads; every one still goes to report_to
         self.label_name = self.label_names[0] if self.label_names else "labels"
         # The label smoother's factor: the Trainer drops it for multi-label classification.
         smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
@@ -100,6 +99,7 @@ class SelectiveBackpropMixin:
         # In the default flow's place: an epoch-based run ends when its data does (engine/callback.py).
         self._flow_callback = SelectionFlowCallback(self)
         _compat.replace_default_flow(self, self._flow_callback)
+        console.show_fewer_counters(self)  # the sb/* counters a person reads; every one still goes to report_to
         self.engine = self._build_engine()
         if per_example_loss_func is None:
             self._check_automatic_loss()

@@ -29,12 +29,14 @@ class SelectionPrinterCallback(PrinterCallback):
     """`PrinterCallback`, printing `console_view` of each log."""
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        return super().on_log(args, state, control, logs=console_view(logs or {}), **kwargs)
+        # PrinterCallback takes total_flos out of the logs themselves, which train() then returns without it.
+        logs.pop("total_flos", None)
+        return super().on_log(args, state, control, logs=console_view(logs), **kwargs)
 
 
 def show_fewer_counters(trainer) -> None:
     """Put the callbacks above in the place of the Trainer's own console callbacks (a subclass of them a user
-    added is left as it is)."""
+    added is left as it is). For a selective run: without selection the callbacks stay the Trainer's."""
     callbacks = trainer.callback_handler.callbacks
     for position, callback in enumerate(callbacks):
         if type(callback) is ProgressCallback:

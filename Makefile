@@ -49,11 +49,18 @@ $(STAMP): pyproject.toml Makefile
 
 venv: $(STAMP)
 
+# The strategies the README recommends on the demo's data, a network trained from scratch (compare.py's default
+# --strategies): the plain run, InfoBatch and a random subset of about InfoBatch's size. Each demo replaces the last
+# one's files in outputs/compare (its table, log and run folders); other files there are left as they are.
 demo: $(STAMP)
-	@$(PY) scripts/compare.py
+	@$(PY) scripts/compare.py --overwrite_output_dir
 
+# Float rounding differs between CPUs: torch picks AVX-512, AVX2 or plain kernels by what the CPU offers. The tests
+# marked cpu_kernels (exact comparisons of two code paths, weights against a recorded reference) run again on the
+# plain kernels, so that a test holding only on this machine's CPU fails here rather than on another.
 test: $(STAMP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+	ATEN_CPU_CAPABILITY=default $(PY) -m pytest -q $(PYTEST_ARGS) -m cpu_kernels
 
 $(OLDEST_STAMP): pyproject.toml Makefile
 	$(call make_venv,$(OLDEST_VENV),$(OLDEST_PINS))

@@ -30,8 +30,7 @@ def run_summary(folder: str) -> dict | None:
     with open(state_path) as handle:
         history = json.load(handle)["log_history"]
     accuracy = next((entry["eval_accuracy"] for entry in reversed(history) if "eval_accuracy" in entry), None)
-    with open(os.path.join(folder, "train_results.json")) as handle:
-        seconds = json.load(handle)["train_runtime"]
+    seconds = next(entry["train_runtime"] for entry in reversed(history) if "train_runtime" in entry)
     with open(os.path.join(folder, "sb_stats.json")) as handle:
         backwards = json.load(handle)["backwards"]
     return {"accuracy": None if accuracy is None else 100 * accuracy, "seconds": seconds, "backwards": backwards}

@@ -1,8 +1,11 @@
 #!/bin/bash
 # The example record's payoff (docs/record/benchmarks.md, "The example record"): pruning the next run's training set
 # by a record's scores, each beside a random subset of the same size, and label issues found by one run's record
-# against cleanlab's 5-fold confident learning. On the image fine-tuning workload of run_frontier.sh (CIFAR-10 classes
-# 5-9 from $MODEL pretrained on classes 0-4: the same stand-in, flags and learning rate), through scripts/train.py.
+# against cleanlab's 5-fold confident learning. WORKLOAD=image (the default): the image fine-tuning workload of
+# run_frontier.sh (CIFAR-10 classes 5-9 from $MODEL pretrained on classes 0-4: the same stand-in, flags and learning
+# rate), through scripts/train.py. WORKLOAD=sst2: the SST-2 fine-tuning of run_finetune_text.sh (its BERT stand-in,
+# learning rate and 2 epochs), through scripts/train_text.py; its sources are 'full' and 'epoch1', and it has no
+# noisy part (train_text.py flips no labels).
 #
 # PARTS (in this order by default):
 #   pretrain  the stand-in checkpoint (run_finetune.sh's part of that name)
@@ -26,13 +29,27 @@ PY=${PY:-.venv/bin/python}
 DATA=${DATA:-../shared/data}
 MODEL=${MODEL:-cifar_convnet_half}
 CACHE=${FINETUNE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hf-selective-backprop/finetune}
-PRETRAIN_EPOCHS=${PRETRAIN_EPOCHS:-20}
-PRETRAINED=${PRETRAINED:-$CACHE/$MODEL-cifar10-classes0-4-$PRETRAIN_EPOCHS-epochs}
-EPOCHS=${EPOCHS:-6}
-R=${RESULTS:-benchmarks/results/record-cifar10-$MODEL/epochs$EPOCHS}
-LR=${LR:-$(best_lr benchmarks/results/finetune-cifar10-$MODEL/lr)}
+WORKLOAD=${WORKLOAD:-image}
+if [[ $WORKLOAD == image ]]; then
+    PRETRAIN_EPOCHS=${PRETRAIN_EPOCHS:-20}
+    PRETRAINED=${PRETRAINED:-$CACHE/$MODEL-cifar10-classes0-4-$PRETRAIN_EPOCHS-epochs}
+    EPOCHS=${EPOCHS:-6}
+    R=${RESULTS:-benchmarks/results/record-cifar10-$MODEL/epochs$EPOCHS}
+    LR=${LR:-$(best_lr benchmarks/results/finetune-cifar10-$MODEL/lr)}
+    SOURCES=${SOURCES:-full epoch1 proxy}
+    SCRIPT=scripts/train.py
+    DATA_FLAGS=(--dataset "$DATA/cifar10" --classes 5,6,7,8,9 --cutout 0)
+else
+    PRETRAIN_EPOCHS=${PRETRAIN_EPOCHS:-3}
+    PRETRAINED=${PRETRAINED:-$CACHE/bert-2x128-sst2-mlm-$PRETRAIN_EPOCHS-epochs}
+    EPOCHS=${EPOCHS:-2}
+    R=${RESULTS:-benchmarks/results/record-sst2}
+    LR=${LR:-$(best_lr benchmarks/results/finetune-sst2/lr)}
+    SOURCES=${SOURCES:-full epoch1}
+    SCRIPT=scripts/train_text.py
+    DATA_FLAGS=(--dataset "$DATA/sst2")
+fi
 SEEDS=${SEEDS:-0 1 2}
-SOURCES=${SOURCES:-full epoch1 proxy}
 SCORES=${SCORES:-mean_loss confidence variability}
 KEEPS=${KEEPS:-0.5 0.7 0.9}
 PROXY_MODEL=${PROXY_MODEL:-$MODEL}
@@ -45,7 +62,6 @@ read -r -a EXTRA <<<"${EXTRA:-}"
 LOCK=()
 [[ -n ${BENCH_LOCK:-} ]] && LOCK=(flock "$BENCH_LOCK")
 
-DATA_FLAGS=(--dataset "$DATA/cifar10" --classes 5,6,7,8,9 --cutout 0)
 RUN_FLAGS=(--learning_rate "$LR" --eval_strategy no --save_strategy no --disable_tqdm true --logging_steps 50
     --sb_strategy none "${EXTRA[@]}")
 
@@ -53,21 +69,25 @@ train() {  # FOLDER FLAGS...: one scripts/train.py run, unless it finished befor
     local FOLDER=$1
     shift
     [[ -f $FOLDER/trainer_state.json ]] && return
-    "${LOCK[@]}" $PY scripts/train.py "${DATA_FLAGS[@]}" "${RUN_FLAGS[@]}" --output_dir "$FOLDER" \
+    "${LOCK[@]}" $PY $SCRIPT "${DATA_FLAGS[@]}" "${RUN_FLAGS[@]}" --output_dir "$FOLDER" \
         --overwrite_output_dir "$@"
 }
 
 for PART in ${PARTS:-pretrain scores prune noisy report}; do
     case $PART in
     pretrain)
+        SCRIPT_OF_PART=benchmarks/run_finetune.sh
+        [[ $WORKLOAD == sst2 ]] && SCRIPT_OF_PART=benchmarks/run_finetune_text.sh
         EXTRA="${EXTRA[*]}" PARTS=pretrain MODEL=$MODEL PRETRAINED=$PRETRAINED PRETRAIN_EPOCHS=$PRETRAIN_EPOCHS \
-            bash benchmarks/run_finetune.sh
+            bash $SCRIPT_OF_PART
         ;;
     scores)
         for SEED in $SEEDS; do
             train "$R/seed$SEED/full" --model_name_or_path "$PRETRAINED" --num_train_epochs "$EPOCHS" --seed "$SEED"
             train "$R/seed$SEED/epoch1" --model_name_or_path "$PRETRAINED" --num_train_epochs 1 --seed "$SEED"
-            train "$R/seed$SEED/proxy" --model "$PROXY_MODEL" --num_train_epochs "$PROXY_EPOCHS" --seed "$SEED"
+            if [[ " $SOURCES " == *" proxy "* ]]; then
+                train "$R/seed$SEED/proxy" --model "$PROXY_MODEL" --num_train_epochs "$PROXY_EPOCHS" --seed "$SEED"
+            fi
         done
         ;;
     prune)
@@ -86,6 +106,7 @@ for PART in ${PARTS:-pretrain scores prune noisy report}; do
         done
         ;;
     noisy)
+        [[ $WORKLOAD == image ]] || { echo "the noisy part needs WORKLOAD=image" >&2; exit 2; }
         $PY -c "import cleanlab" 2>/dev/null || $PY -m pip install --quiet cleanlab  # this benchmark's tool only
         for P in $NOISE; do
             for SEED in $NOISY_SEEDS; do

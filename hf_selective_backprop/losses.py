@@ -52,8 +52,17 @@ def logits_of(outputs) -> torch.Tensor:
     return outputs[1] if torch.is_tensor(first) and first.dim() == 0 and len(outputs) > 1 else first
 
 
+class BadRowsError(ValueError):
+    """A ValueError caused by some rows of a batch: ``rows`` are their positions in it (along its first dimension),
+    from which a caller that holds the rows' ids names the examples."""
+
+    def __init__(self, message: str, rows: list[int]):
+        super().__init__(message)
+        self.rows = rows
+
+
 def check_class_labels(labels: torch.Tensor, num_classes: int, label_name: str = "labels") -> None:
-    """Raise a ValueError naming the column if a class label is outside [0, num_classes) and not -100.
+    """Raise a `BadRowsError` naming the column if a class label is outside [0, num_classes) and not -100.
 
     PyTorch's own error comes from deep inside cross-entropy (an IndexError on CPU, a device-side
     assert that kills the process on CUDA) and names neither the column nor the valid range.
@@ -63,10 +72,12 @@ def check_class_labels(labels: torch.Tensor, num_classes: int, label_name: str =
     bad = ((labels < 0) & (labels != IGNORE_INDEX)) | (labels >= num_classes)
     if bool(bad.any()):
         values = sorted(set(labels[bad].tolist()))
-        raise ValueError(
+        rows = bad.reshape(len(bad), -1).any(dim=1).nonzero().flatten().tolist() if bad.dim() else [0]
+        raise BadRowsError(
             f"the {label_name!r} column holds {values[:5]}{' ...' if len(values) > 5 else ''}, outside the "
             f"model's {num_classes} classes: class labels must be integers in [0, {num_classes - 1}], "
-            "or -100 to ignore a row"
+            "or -100 to ignore a row",
+            rows,
         )
 
 

@@ -19,7 +19,7 @@ from transformers.trainer_utils import has_length
 from . import _compat, loss_check, parallelism
 from .cards import write_trainer_card
 from .config import check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
-from .engine import SelectionEngine, budget, reference, rotation, run_record, state_files, streams
+from .engine import SelectionEngine, budget, console, reference, rotation, run_record, state_files, streams
 from .engine.accounting import STATS_FILE, finish_plain_run, finish_run, logged_counters, run_summary
 from .engine.callback import SelectionFlowCallback
 from .engine.data_state import DataState
@@ -90,6 +90,7 @@ class SelectiveBackpropMixin:
         reference.refuse_unused(reference_model, self.selector, self.args.sb_strategy)
         self._step_extras = StepExtras(self.args.sb_index_column)
         self._records = record_setup.prepare(self, subset_record)
+        console.show_fewer_counters(self)  # the sb/* counters a person reads; every one still goes to report_to
         if self.selector is None:
             return  # the Trainer itself, callbacks, rotation and checkpoint files included
         self.add_callback(rotation.RunCheckpoints())
@@ -338,9 +339,11 @@ class SelectiveBackpropMixin:
         return {**summary, **self.engine.budget_summary()}
 
     def log(self, logs, start_time=None):
-        # A training log carries the run's counters; without any, the Trainer completes its own dict in place.
-        counters = logged_counters(self) if "loss" in logs or "train_runtime" in logs else {}
-        super().log({**logs, **counters} if counters else logs, start_time)
+        # A training log carries the run's counters, added in place: the Trainer completes the same dict (its
+        # epoch; the console callbacks take total_flos out), which train() then returns as its metrics.
+        if "loss" in logs or "train_runtime" in logs:
+            logs.update(logged_counters(self))
+        super().log(logs, start_time)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         resume_from_checkpoint = state_files.resume_target(self, resume_from_checkpoint)

@@ -2,8 +2,8 @@
 splits, its labels unused: task-adaptive pretraining (Gururangan et al., ACL 2020, "Don't Stop Pretraining"), the
 stand-in for a downloaded checkpoint that benchmarks/run_finetune.sh fine-tunes where the Hub cannot be reached.
 
-    python scripts/pretrain_lm.py --dataset ../shared/data/sst2 --objective mlm --output_dir outputs/bert-sst2
-    python scripts/train_text.py --dataset ../shared/data/sst2 --model_name_or_path outputs/bert-sst2 ...
+    python scripts/pretrain_lm.py --dataset path/to/sst2 --objective mlm --output_dir outputs/bert-sst2
+    python scripts/train_text.py --dataset path/to/sst2 --model_name_or_path outputs/bert-sst2 ...
 
 A WordPiece tokenizer is learnt from the same text and saved with the model (save_pretrained), with
 train_results.json (the pretraining's time). After an interruption the same command plus
@@ -102,9 +102,10 @@ def read_text(args: PretrainArguments) -> datasets.Dataset:
 
 
 def main() -> None:
-    parser = HfArgumentParser((PretrainArguments, TextModelArguments, TrainingArguments, OutputArguments))
+    # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
+    parser = HfArgumentParser((PretrainArguments, TextModelArguments, OutputArguments, TrainingArguments))
     parser.set_defaults(**DEFAULTS)
-    args, model_args, training_args, output_args = parser.parse_args_into_dataclasses()
+    args, model_args, output_args, training_args = parser.parse_args_into_dataclasses()
     # Cheap checks first: none of these mistakes should cost reading the dataset.
     check_output_dir(training_args.output_dir)
     checkpoint = resume_checkpoint(training_args)

@@ -1,6 +1,6 @@
 """Train a timm image classifier with Selective-Backprop (or any other strategy).
 
-    python scripts/train.py --dataset ../shared/data/cifar10 --model resnet18 \
+    python scripts/train.py --dataset path/to/cifar10 --model resnet18 \
         --sb_strategy sb --sb_beta 2 --num_train_epochs 1 --output_dir outputs/cifar10-sb
 
 A checkpoint is saved every epoch (--save_strategy); after an interruption the same command plus
@@ -36,9 +36,10 @@ DEFAULTS = dict(
 
 
 def main() -> None:
-    parser = HfArgumentParser((SelectiveBackpropConfig, DataArguments, ModelArguments, OutputArguments))
+    # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
+    parser = HfArgumentParser((ModelArguments, DataArguments, OutputArguments, SelectiveBackpropConfig))
     parser.set_defaults(**DEFAULTS)
-    config, data_args, model_args, output_args = parser.parse_args_into_dataclasses()
+    model_args, data_args, output_args, config = parser.parse_args_into_dataclasses()
     result = train_image_classifier(config, data_args, model_args, output_args.overwrite_output_dir)
     if config.should_save:
         accuracy = "n/a" if result.accuracy is None else f"{result.accuracy:.4f}"

@@ -1,8 +1,8 @@
 """Supervised fine-tuning (TRL's SFTTrainer) of a small causal LM with Selective-Backprop.
 
     pip install ".[trl]"
-    python scripts/train_sft.py --dataset ../shared/data/sst2 --sb_strategy sb --output_dir outputs/sst2-sft-sb
-    python scripts/train_sft.py --dataset ../shared/data/sst2 --sb_strategy none --output_dir outputs/sst2-sft
+    python scripts/train_sft.py --dataset path/to/sst2 --sb_strategy sb --output_dir outputs/sst2-sft-sb
+    python scripts/train_sft.py --dataset path/to/sst2 --sb_strategy none --output_dir outputs/sst2-sft
 
 Trains on the dataset's text column as language-modelling data. Without --model_name_or_path, a
 WordPiece tokenizer is trained on the training split and a small GPT-2 is built from the size flags
@@ -57,7 +57,7 @@ DEFAULTS = dict(
 class SFTDataArguments:
     dataset: str = field(
         default="stanfordnlp/sst2",
-        metadata={"help": "Hub id or local folder (Hub layout, e.g. ../shared/data/sst2) of a dataset with a "
+        metadata={"help": "Hub id or local folder (Hub layout, e.g. path/to/sst2) of a dataset with a "
                   "text column."},
     )
     text_column: str | None = field(
@@ -91,9 +91,10 @@ def sft_tokenizer(texts, model_args: TextModelArguments, max_length: int):
 
 
 def main() -> None:
-    parser = HfArgumentParser((SelectiveBackpropSFTConfig, SFTDataArguments, TextModelArguments, OutputArguments))
+    # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
+    parser = HfArgumentParser((TextModelArguments, SFTDataArguments, OutputArguments, SelectiveBackpropSFTConfig))
     parser.set_defaults(**DEFAULTS)
-    config, data_args, model_args, output_args = parser.parse_args_into_dataclasses()
+    model_args, data_args, output_args, config = parser.parse_args_into_dataclasses()
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
     run_record.check_model_flags(checkpoint, model_flags(model_args, config.max_length))

@@ -1,7 +1,7 @@
 """Train a text classifier (or a small language model) with Selective-Backprop (or any other strategy).
 
-    python scripts/train_text.py --dataset ../shared/data/sst2 --sb_strategy sb --output_dir outputs/sst2-sb
-    python scripts/train_text.py --dataset ../shared/data/sst2 --task causal-lm --output_dir outputs/sst2-lm
+    python scripts/train_text.py --dataset path/to/sst2 --sb_strategy sb --output_dir outputs/sst2-sb
+    python scripts/train_text.py --dataset path/to/sst2 --task causal-lm --output_dir outputs/sst2-lm
 
 Without --model_name_or_path, a WordPiece tokenizer is trained on the training split and a small
 model is built from the size flags (no download); a resumed run reuses the one in its checkpoint.
@@ -68,13 +68,21 @@ DEFAULTS = dict(
 
 
 def main() -> None:
-    parser = HfArgumentParser((SelectiveBackpropConfig, TextDataArguments, TextModelArguments, OutputArguments))
+    # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
+    parser = HfArgumentParser((TextModelArguments, TextDataArguments, OutputArguments, SelectiveBackpropConfig))
     parser.set_defaults(**DEFAULTS)
-    config, data_args, model_args, output_args = parser.parse_args_into_dataclasses()
+    model_args, data_args, output_args, config = parser.parse_args_into_dataclasses()
+    train(config, data_args, model_args, output_args.overwrite_output_dir)
+
+
+def train(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_args: TextModelArguments,
+          overwrite_output_dir: bool = False) -> None:
+    """Check the flags and --output_dir before any data is read, then `run` in the claimed folder (scripts/compare.py
+    trains each of its text runs so)."""
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
     run_record.check_model_flags(checkpoint, model_flags(model_args, data_args.max_length))
-    check_output_dir_is_free(config.output_dir, checkpoint, output_args.overwrite_output_dir)
+    check_output_dir_is_free(config.output_dir, checkpoint, overwrite_output_dir)
     with claimed(config.output_dir):
         run(config, data_args, model_args, checkpoint)
 

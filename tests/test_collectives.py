@@ -137,12 +137,15 @@ def test_a_class_label_out_of_range_on_one_rank_stops_every_rank(tmp_path):
     def on_each_rank(accelerator):
         rank = accelerator.process_index
         engine = _engine(accelerator, config)
-        engine.add_batch(_batch([0, 1, 2, 3], META, labels=[0, 1, 2, 7 if rank == 1 else 0]), True, model)
+        ids = [4 * rank + i for i in range(4)]  # rank 1's bad row is its fourth, the example whose index is 7
+        engine.add_batch(_batch(ids, META, labels=[0, 1, 2, 7 if rank == 1 else 0]), True, model)
 
     world, _, errors = run_ranks(on_each_rank)
     expected = ("ValueError: stopped on every rank: rank 1 of 2: the 'labels' column holds [7], outside the "
                 "model's 3 classes")
     assert all(text.startswith(expected) for text in _errors(errors)), _errors(errors)
+    # Named by its id, the same on every rank, not by its position in rank 1's share of the batch.
+    assert all(text.endswith("or -100 to ignore a row (the example whose 'index' is 7)") for text in _errors(errors))
 
 
 class PlansKnownRowsOnly(Selector):
@@ -199,8 +202,9 @@ def test_a_reference_value_missing_from_one_ranks_share_stops_every_rank(tmp_pat
         for ids, losses in results:  # every rank holds every id's value
             assert sorted(ids.tolist()) == [0, 1, 2, 3] and torch.equal(losses[ids.argsort()], torch.tensor(values))
         return
-    expected = ("ValueError: stopped on every rank: rank 1 of 2: --sb_reference_column 'irreducible': no value at "
-                "row 0 of the stream")
+    # Row 0 of rank 1's share: named by its id.
+    expected = ("ValueError: stopped on every rank: rank 1 of 2: --sb_reference_column 'irreducible': no value for "
+                "the row whose 'index' is 1")
     assert _errors(errors) == [expected] * 2
 
 

@@ -16,6 +16,9 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from hf_selective_backprop import SelectiveBackpropTrainer
 from hf_selective_backprop.cards import training_costs
+from hf_selective_backprop.engine.accounting import STATS_FILE
+from hf_selective_backprop.record import DATA_MAP_FILE, RECORD_FILE
+from hf_selective_backprop.record.keeper import RECORD_STATE_FILE
 from hf_selective_backprop.selectors import register_strategy
 from hf_selective_backprop.selectors.uniform import UniformSelector
 
@@ -84,9 +87,14 @@ def test_selection_off_is_the_trainer_in_events_files_metrics_and_logs(tmp_path)
     )
     assert our_events == their_events
     assert ("save", 16) in our_events and ("evaluate", 16) in our_events  # the final ones
-    assert _files(str(tmp_path / "ours")) == _files(str(tmp_path / "trainer"))
-    assert our_output.metrics.keys() == their_output.metrics.keys()
-    assert [entry.keys() for entry in ours.state.log_history] == [entry.keys() for entry in theirs.state.log_history]
+    # Added: the counters (sb_stats.json, sb/* in metrics and logs) and the example record (its table and data map,
+    # its state in each checkpoint).
+    ours_files = _files(str(tmp_path / "ours"))
+    assert {path for path in ours_files if not path.endswith(RECORD_STATE_FILE)} == _files(
+        str(tmp_path / "trainer")) | {STATS_FILE, RECORD_FILE, DATA_MAP_FILE}
+    assert {key for key in our_output.metrics if not key.startswith("sb/")} == their_output.metrics.keys()
+    assert [{key for key in entry if not key.startswith("sb/")} for entry in ours.state.log_history] == [
+        entry.keys() for entry in theirs.state.log_history]
     # The counters a comparison with selective runs reads are computed from the Trainer's own state.
     costs = training_costs(ours)
     assert costs["strategy"] == "none" and costs["backwards"] == 2 * 64 and costs["optimizer_steps"] == 16
@@ -96,7 +104,8 @@ def test_selection_off_with_save_strategy_no_leaves_the_output_folder_as_the_tra
     settings = {**SCHEDULE, "save_strategy": "no", "eval_strategy": "no"}
     _run(Trainer, TrainingArguments(str(tmp_path / "trainer"), **settings))
     _run(SelectiveBackpropTrainer, make_config(str(tmp_path / "ours"), sb_strategy="none", **settings))
-    assert _files(str(tmp_path / "ours")) == _files(str(tmp_path / "trainer")) == set()  # no sb_stats.json
+    assert _files(str(tmp_path / "trainer")) == set()
+    assert _files(str(tmp_path / "ours")) == {STATS_FILE, RECORD_FILE, DATA_MAP_FILE}  # the run's counters and record
 
 
 @pytest.mark.parametrize(

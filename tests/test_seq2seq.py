@@ -67,6 +67,7 @@ def test_selection_trains_encoder_decoder_models_on_repadded_targets(output_dir,
     assert len({batch["labels"].shape[1] for batch in trainer.micro_batches}) > 1
 
 
+@pytest.mark.cpu_kernels
 def test_none_is_exactly_seq2seq_trainer(output_dir, tokenizer):
     def run(trainer_class, args_class, **extra):
         model = tiny_t5(tokenizer)

@@ -99,6 +99,7 @@ def test_per_example_loss_is_trls_loss_over_completion_tokens_only(output_dir, t
         assert torch.allclose(scored, per_example_loss_for(trainer.model)(logits, labels), atol=1e-5)
 
 
+@pytest.mark.cpu_kernels
 def test_none_is_exactly_sft_trainer(output_dir, tokenizer):
     reference = trainer_for(output_dir, tokenizer, prompt_completion(), SFTTrainer)
     reference.train()

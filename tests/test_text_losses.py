@@ -239,6 +239,7 @@ def test_dict_outputs_without_logits_use_their_one_other_tensor_or_say_what_to_p
         ExampleLoss()({"a": logits, "b": logits}, labels)
 
 
+@pytest.mark.cpu_kernels
 def test_token_losses_are_computed_in_chunks_that_bound_the_float32_copies(monkeypatch):
     """A large vocabulary in half precision: no float32 copy of all logits, the same losses."""
     generator = torch.Generator().manual_seed(0)

@@ -78,6 +78,7 @@ class RecordingTrainer(SelectiveBackpropTrainer):
         return super().training_step(model, inputs, num_items_in_batch)
 
 
+@pytest.mark.cpu_kernels
 def test_none_is_exactly_the_trainer_on_padded_text(output_dir, tokenizer):
     settings = dict(per_device_train_batch_size=8, num_train_epochs=2, learning_rate=1e-3, report_to=[], use_cpu=True,
                     save_strategy="no", disable_tqdm=True, seed=0)

@@ -11,7 +11,7 @@ class DataArguments:
         default="cifar10",
         metadata={
             "help": "cifar10, cifar100, svhn, mnist, digits (scikit-learn's, no download), a Hub id "
-            "(e.g. uoft-cs/cifar10) or a local folder in the Hub layout (e.g. ../shared/data/cifar10; "
+            "(e.g. uoft-cs/cifar10) or a local folder in the Hub layout (e.g. path/to/cifar10; "
             "a folder named after a known dataset gets that dataset's recipe)."
         },
     )

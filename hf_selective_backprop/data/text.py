@@ -32,7 +32,7 @@ SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS
 class TextDataArguments:
     dataset: str = field(
         default="stanfordnlp/sst2",
-        metadata={"help": "Hub id or local folder (Hub layout, e.g. ../shared/data/sst2) of a dataset with a text "
+        metadata={"help": "Hub id or local folder (Hub layout, e.g. path/to/sst2) of a dataset with a text "
                   "column and, for text-classification, a label column."},
     )
     dataset_config: str | None = field(default=None, metadata={"help": "Dataset config name."})

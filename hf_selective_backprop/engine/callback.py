@@ -76,13 +76,14 @@ class SelectionFlowCallback(DefaultFlowCallback):
             # An estimate the run has outlived (it kept more rows than expected) is raised to the steps taken:
             # the state's global_step never exceeds its max_steps, in the checkpoints saved after this step too.
             state.max_steps = max(expected, state.global_step)
-        # The progress bar opened at the expected steps: it follows the steps this run is on course to take (the
-        # steps so far over the share of the run done), and ends at the steps taken.
+        # The progress bar opened at the expected steps and keeps them, raised one step at a time once the run
+        # outlives them, and ends at the steps taken. An estimate from the progress so far (the steps over the share
+        # of the data read) moved the total back and forth: a selection batch is read before the steps it feeds.
         if ends:
             self.ended_at_step = state.global_step
             _compat.set_progress_total(self.trainer, state.global_step)
-        elif progress > 0:
-            _compat.set_progress_total(self.trainer, max(state.global_step + 1, round(state.global_step / progress)))
+        else:
+            _compat.set_progress_total(self.trainer, max(expected, state.global_step + 1))
         return control
 
     def on_epoch_end(self, args, state, control, **kwargs):

@@ -34,7 +34,7 @@ from .phi_meter import PhiMeasurement, PhiMeter
 from .queue import BatchQueue
 from .reference import IrreducibleLosses, ReferencePass
 from .schedule import in_selection_window, is_interrupt_step
-from .scoring import SelectionScorer
+from .scoring import SelectionScorer, naming_examples
 from .store import LossStore
 
 WEIGHT_KEY = "sb_weight"
@@ -689,7 +689,8 @@ class SelectionEngine:
                 try:
                     losses = self.scorer(model, {k: v for k, v in batch.items() if k != self.index_column})
                 except ValueError as error:
-                    self._failure, losses = error, torch.full((size,), float("nan"))
+                    failure = naming_examples(error, ids, self.index_column)
+                    self._failure, losses = failure, torch.full((size,), float("nan"))
         else:
             losses = torch.zeros(0)
             if self.forwards_in_lockstep:

@@ -23,7 +23,7 @@ from .. import _compat
 from ..losses import logits_of, model_task, per_example_loss_for
 from . import distributed, streams
 from .indexing import IndexedDataset, ids_by_position, keeping_ids
-from .scoring import SelectionScorer
+from .scoring import SelectionScorer, naming_examples
 
 logger = logging.getLogger(__name__)
 
@@ -295,7 +295,8 @@ def compute(trainer, reference: torch.nn.Module, source: str, loss_fn=None) -> R
                         _check_first_batch(trainer, reference, batch, source)
                     batch_losses = _score(scorer, reference, batch, source)
                 except ValueError as error:  # this rank's rows only: the gather makes every rank raise it
-                    failure, batch_losses = error, torch.full((len(batch_ids),), float("nan"))
+                    failure = naming_examples(error, batch_ids, column)
+                    batch_losses = torch.full((len(batch_ids),), float("nan"))
                 forwards += batch_ids.shape[0]
             all_ids, all_losses, _ = distributed.gather_pairs(accelerator, batch_ids, batch_losses, failure)
             ids.append(all_ids.cpu())

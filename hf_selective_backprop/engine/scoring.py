@@ -8,10 +8,24 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..losses import PerExampleLoss
+from ..losses import BadRowsError, PerExampleLoss
 from . import distributed
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: The ids an error names at most.
+NAMED_IDS = 5
+
+
+def naming_examples(error: ValueError, ids: torch.Tensor | None, index_column: str) -> ValueError:
+    """``error`` naming the ids of the examples it is about (a `BadRowsError` of a batch whose ids are ``ids``): it
+    may be raised on every rank, where a row's position in one rank's share of the batch means nothing."""
+    if not isinstance(error, BadRowsError) or ids is None:
+        return error
+    shown = ids.reshape(-1)[error.rows[:NAMED_IDS]].tolist()
+    listed = ", ".join(str(value) for value in shown) + (" ..." if len(error.rows) > NAMED_IDS else "")
+    named = ValueError(f"{error} (the example{'s' if len(error.rows) > 1 else ''} whose {index_column!r} is {listed})")
+    named.__cause__ = error
+    return named
 
 
 class SelectionScorer:

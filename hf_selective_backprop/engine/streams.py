@@ -145,22 +145,24 @@ def _read_pairs(dataset, column: str, index_column: str) -> tuple[torch.Tensor, 
             f"--sb_reference_column {column!r} needs a datasets stream (this one is {type(dataset).__name__}); "
             "pass --sb_reference_model instead"
         )
-    ids, values, read = [], [], 0
+    ids, values = [], []
     # In Arrow batches, not row by row: the pass reads the whole stream.
     for batch in dataset.select_columns([index_column, column]).iter(batch_size=READ_BATCH):
         if None in batch[column]:
-            position = read + batch[column].index(None)
-            raise ValueError(f"--sb_reference_column {column!r}: no value at row {position} of the stream")
+            # Named by its id: on every rank a split stream's error reaches, its position in one share means nothing.
+            example = batch[index_column][batch[column].index(None)]
+            raise ValueError(
+                f"--sb_reference_column {column!r}: no value for the row whose {index_column!r} is {example}"
+            )
         ids.append(torch.as_tensor(batch[index_column], dtype=torch.int64))
         values.append(torch.as_tensor(batch[column], dtype=torch.float32))
-        read += len(batch[column])
     ids = torch.cat(ids) if ids else torch.empty(0, dtype=torch.int64)
     values = torch.cat(values) if values else torch.empty(0)
     bad = ~torch.isfinite(values)
     if bool(bad.any()):
-        rows = bad.nonzero().squeeze(1)[:5].tolist()
+        examples = ids[bad][:5].tolist()
         raise ValueError(
-            f"--sb_reference_column {column!r} holds NaN or inf at row(s) {rows} of the stream; irreducible "
-            "losses must be finite"
+            f"--sb_reference_column {column!r} holds NaN or inf for the rows whose {index_column!r} is {examples}; "
+            "irreducible losses must be finite"
         )
     return ids, values

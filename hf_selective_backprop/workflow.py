@@ -94,10 +94,13 @@ def check_output_dir(path: str) -> None:
         raise ValueError(f"--output_dir {path!r}{where} not writable by this user; choose a writable --output_dir")
 
 
-def check_output_dir_is_free(path: str, resume_from: str | None = None, overwrite: bool = False) -> None:
+def check_output_dir_is_free(
+    path: str, resume_from: str | None = None, overwrite: bool = False, resumable: bool = True
+) -> None:
     """Refuse an output folder that holds files (a finished run, checkpoints, anything else) before anything is
     written, unless ``overwrite`` or the run resumes from a checkpoint inside it (``resume_from``, as
-    `resume_checkpoint` returns it), as the Hugging Face example scripts did. Every process calls this."""
+    `resume_checkpoint` returns it), as the Hugging Face example scripts did. Every process calls this; a script
+    without --resume_from_checkpoint passes ``resumable=False``, so that the refusal names no such flag."""
     target = Path(path).expanduser().absolute()
     resuming_here = resume_from is not None and Path(resume_from).expanduser().absolute().parent == target
     entries = sorted(os.listdir(target)) if target.is_dir() and not (overwrite or resuming_here) else []
@@ -105,10 +108,10 @@ def check_output_dir_is_free(path: str, resume_from: str | None = None, overwrit
     # Every process looks before any writes: the main process must not fill the folder before another looks.
     PartialState().wait_for_everyone()
     if entries:
-        _refuse_a_folder_in_use(path, entries, resume_from)
+        _refuse_a_folder_in_use(path, entries, resume_from, resumable)
 
 
-def _refuse_a_folder_in_use(path: str, entries: list[str], resume_from: str | None) -> None:
+def _refuse_a_folder_in_use(path: str, entries: list[str], resume_from: str | None, resumable: bool) -> None:
     checkpoints = sorted(
         (name for name in entries if name.startswith(f"{PREFIX_CHECKPOINT_DIR}-")), key=lambda name: (len(name), name)
     )
@@ -122,7 +125,7 @@ def _refuse_a_folder_in_use(path: str, entries: list[str], resume_from: str | No
     if others:
         held.append(f"{'other files' if held else 'files'} ({_listed(others)})")
     resume = ""
-    if checkpoints and not model and resume_from is None:
+    if checkpoints and not model and resume_from is None and resumable:
         resume = "--resume_from_checkpoint True to continue the run saved there, "
     raise ValueError(
         f"--output_dir {path!r} already holds {' and '.join(held)}, which a new run would overwrite. Pass {resume}"

@@ -22,7 +22,7 @@ from .config import check_trainer_arguments, refuse_unsupported_trainer, selecti
 from .engine import SelectionEngine, budget, reference, rotation, run_record, state_files, streams
 from .engine.accounting import STATS_FILE, finish_run, logged_counters, run_summary
 from .engine.callback import SelectionFlowCallback
-from .engine.data_state import DataState
+from .engine.data_state import DataState, follow_plain_loader, load_plain, read_plain, save_plain
 from .engine.engine import WEIGHT_KEY
 from .engine.epoch_plan import planned_sampler
 from .engine.indexing import keeping_ids, prepare_training_dataset
@@ -67,6 +67,8 @@ class SelectiveBackpropMixin:
     model_flags: dict | None = None
     #: A run without selection given --sb_budget: the share of the full run's steps it takes.
     plain_budget: budget.PlainBudget | None = None
+    #: A run without selection whose dataset or collator augments: their random state, saved with each checkpoint.
+    plain_data_state: DataState | None = None
 
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
         given = selective_arguments(args, kwargs)
@@ -152,7 +154,7 @@ class SelectiveBackpropMixin:
 
     def get_train_dataloader(self):
         if self.selector is None:
-            return super().get_train_dataloader()
+            return follow_plain_loader(self, super().get_train_dataloader())
         if self.train_dataset is not None and has_length(self.train_dataset) and len(self.train_dataset) == 0:
             raise ValueError("the training dataset is empty")
         # The loader yields selection batches; training batches are assembled from them.
@@ -234,6 +236,7 @@ class SelectiveBackpropMixin:
             max_steps, steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
         )
         if self.selector is None:
+            load_plain(self, resume_from_checkpoint)
             return epochs_trained, skipped
         rotation.restore(rotation.record_of(self), self.state, resume_from_checkpoint, self.args.output_dir)
         if resume_from_checkpoint is None:
@@ -244,7 +247,7 @@ class SelectiveBackpropMixin:
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         if self.selector is None:
-            return super().get_batch_samples(epoch_iterator, num_batches, device)
+            return super().get_batch_samples(read_plain(self, epoch_iterator), num_batches, device)
         engine = self.engine
         engine.restore_model_buffers(self.accelerator.unwrap_model(self.model_wrapped))
         selecting = engine.selection_on(self.state.global_step, self.training_progress(), self.state.max_steps)
@@ -340,6 +343,7 @@ class SelectiveBackpropMixin:
 
     def _save_checkpoint(self, model, trial):
         if self.selector is None:
+            save_plain(self, rotation.folder(_compat.output_dir(self, trial), self.state.global_step))
             return super()._save_checkpoint(model, trial)
         folder = rotation.folder(_compat.output_dir(self, trial), self.state.global_step)
         trainer_files = partial(super()._save_checkpoint, model, trial)

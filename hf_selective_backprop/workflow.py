@@ -19,7 +19,12 @@ from .config import SelectiveBackpropConfig
 from .data import DataArguments, load_image_data
 from .engine import run_record
 from .engine.accounting import STATS_FILE, write_stats
-from .engine.checkpoints import STATE_FILE, last_complete_checkpoint, require_resumable
+from .engine.checkpoints import (
+    STATE_FILE,
+    last_complete_checkpoint,
+    require_intact_selection_state,
+    require_resumable,
+)
 from .metrics import compute_metrics
 from .models import ModelArguments, build_model, model_flags
 from .output_lock import LOCK_FILE, claimed
@@ -177,6 +182,8 @@ def _check_checkpoint(folder: str, flag: str, selective: bool) -> None:
             f"{flag}: no such folder; pass a {PREFIX_CHECKPOINT_DIR}-N folder of an earlier run, or True (or last) "
             "for the last complete checkpoint in --output_dir"
         )
+    # First: a selective run's checkpoint without its sb_state.pt is damaged, not one to resume without selection.
+    require_intact_selection_state(folder, "--resume_from_checkpoint")
     required = (TRAINER_STATE_NAME, STATE_FILE) if selective else (TRAINER_STATE_NAME,)
     missing = [name for name in required if not os.path.isfile(os.path.join(folder, name))]
     if missing:

@@ -330,6 +330,8 @@ def _saved_run(output_dir, **overrides):
     ("optimizer.pt", lambda data: b"garbage" * 10),
     ("sb_state.pt", lambda data: data[:-100]),
     ("trainer_state.json", lambda data: data[: len(data) // 2]),  # passed over without a word
+    # A header length of 10^12 bytes: reading the header ended in a raw MemoryError.
+    pytest.param("model.safetensors", lambda data: (10**12).to_bytes(8, "little") + data[8:], id="garbage-header"),
 ])
 def test_an_unreadable_file_sends_resume_true_to_the_previous_checkpoint_and_an_explicit_resume_to_an_error(
         output_dir, caplog, damaged, damage):

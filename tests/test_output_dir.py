@@ -248,6 +248,24 @@ def test_a_resume_with_another_model_flag_is_refused_before_any_data_is_read(scr
     assert max(checkpoint_steps(out)) > int(last.name.split("-")[1])
 
 
+def test_a_plain_checkpoint_without_the_run_record_is_refused_for_another_model(script, tmp_path):
+    # A checkpoint of a run without selection saved before the run record: no flags to compare before the data, and
+    # the resume ended in torch's raw size mismatch (or the optimizer's parameter-group error).
+    out = tmp_path / "run"
+    script(out, "--save_strategy", "steps", "--save_steps", "1", "--sb_strategy", "none")
+    last = max(out.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    state = json.loads((last / "trainer_state.json").read_text())
+    del state["stateful_callbacks"]["PlainRunRecord"]  # as an earlier version saved it
+    (last / "trainer_state.json").write_text(json.dumps(state))
+    flag, now, field, saved, wants = (
+        ("--model", "resnet34", "architecture", "'resnet18'", "'resnet34'") if script.name == "train.py"
+        else ("--num_layers", "2", "num_hidden_layers", 1, 2))
+    with pytest.raises(ValueError, match=rf"^Cannot resume from .*{last.name}: this run's model differs from the saved "
+                       rf"one:\n  the model's {field}: saved {saved}, now {wants}\n"):
+        script(out, "--resume_from_checkpoint", str(last), flag, now, "--num_train_epochs", "2",
+               "--sb_strategy", "none")
+
+
 def test_a_plain_budget_runs_resume_with_another_budget_is_refused_before_any_data_is_read(script, tmp_path):
     out = tmp_path / "run"
     run = ("--save_strategy", "steps", "--save_steps", "1", "--sb_strategy", "none", "--num_train_epochs", "2")

@@ -202,6 +202,25 @@ def test_a_truncated_model_folder_is_refused_naming_the_flag_and_the_file(tmp_pa
         (TextModelArguments if arguments == "text" else ModelArguments)(model_name_or_path=str(folder))
 
 
+def test_weights_with_a_garbage_header_length_are_refused_as_unreadable(tmp_path):
+    # The header's length was read as it stood: 10^12 bytes ended in a raw MemoryError naming neither.
+    import struct
+
+    from text_tiny import sequence_classifier
+
+    from hf_selective_backprop.models import ModelArguments
+    from hf_selective_backprop.text_models import TextModelArguments
+
+    folder = tmp_path / "bert"
+    sequence_classifier().save_pretrained(folder)
+    whole = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", 10**12) + whole[8:])
+    for arguments in (TextModelArguments, ModelArguments):
+        with pytest.raises(ValueError, match=rf"^--model_name_or_path '{folder}': model.safetensors cannot be read "
+                           r"\(truncated or damaged"):
+            arguments(model_name_or_path=str(folder))
+
+
 def test_max_length_is_fitted_to_the_models_positions_when_the_tokenizer_has_no_limit(tmp_path, caplog):
     # A tokenizer saved without model_max_length reads as unlimited: 32-token rows overran the model's 8 positions.
     from text_tiny import sequence_classifier, word_tokenizer, write_split

@@ -43,6 +43,7 @@ from hf_selective_backprop.text_models import (
     load_tokenizer,
     model_flags,
     model_positions,
+    require_model_for,
 )
 from hf_selective_backprop.workflow import (
     OutputArguments,
@@ -71,6 +72,7 @@ def main() -> None:
     parser = HfArgumentParser((SelectiveBackpropConfig, TextDataArguments, TextModelArguments, OutputArguments))
     parser.set_defaults(**DEFAULTS)
     config, data_args, model_args, output_args = parser.parse_args_into_dataclasses()
+    require_model_for(model_args, data_args.task, f"scripts/train_text.py --task {data_args.task}")
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
     run_record.check_model_flags(checkpoint, model_flags(model_args, data_args.max_length))

@@ -202,6 +202,22 @@ def test_a_truncated_model_folder_is_refused_naming_the_flag_and_the_file(tmp_pa
         (TextModelArguments if arguments == "text" else ModelArguments)(model_name_or_path=str(folder))
 
 
+def test_an_image_classifier_is_refused_naming_the_flag_and_what_the_script_needs(review_folder, tmp_path, monkeypatch):
+    # It failed loading a tokenizer from the image model's folder, naming neither the flag nor the problem.
+    import hf_selective_backprop.data.text as text_data
+    from hf_selective_backprop.models import ModelArguments, build_model
+
+    monkeypatch.setattr(text_data, "load_text_data", lambda *args, **kwargs: pytest.fail("the data was read"))
+    folder = tmp_path / "resnet"
+    build_model(ModelArguments(model="resnet18"), 2, 8, (0.5,), (0.25,), in_chans=1).save_pretrained(folder)
+    with pytest.raises(ValueError, match=rf"^--model_name_or_path '{folder}' is an image classifier "
+                       r"\(TimmWrapperForImageClassification\): scripts/train_text.py --task text-classification "
+                       r"needs a text model that AutoModelForSequenceClassification can put a classifier on"):
+        run_script(["--dataset", str(review_folder), "--label_column", "sentiment", "--model_name_or_path",
+                    str(folder), "--output_dir", str(tmp_path / "run"), *COMMON])
+    assert not (tmp_path / "run").exists()
+
+
 def test_weights_with_a_garbage_header_length_are_refused_as_unreadable(tmp_path):
     # The header's length was read as it stood: 10^12 bytes ended in a raw MemoryError naming neither.
     import struct

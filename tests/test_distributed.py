@@ -377,6 +377,16 @@ def test_rholoss_scores_the_reference_once_and_keeps_two_processes_in_lockstep(t
     assert stats["examples_seen"] == 3 * EXAMPLES and stats["stale_lookups"] == EXAMPLES
 
 
+def test_rholoss_counts_each_reference_forward_once_when_the_last_batch_is_padded(tmp_path):
+    # 257 rows in reference batches of 8 per rank: the sampler repeats 15 rows to fill both ranks' last batch, and
+    # those were counted too (272), charging a budget for rows already scored.
+    ranks = _launch(tmp_path, ["--strategy", "rholoss", "--reference", "--keep", "0.5", "--examples", "257",
+                               "--epochs", "1"])
+    assert ranks[0]["irreducible"].numel() == 257 and torch.isfinite(ranks[0]["irreducible"]).all()
+    assert sum(rank["stats"]["reference_forwards"] for rank in ranks) == 257
+    assert _stats_json(tmp_path)["reference_forwards"] == 257
+
+
 def test_split_batches_is_refused_before_training(tmp_path):
     """Accelerate's split_batches divides each loaded batch over the processes; selection assembles each process's
     micro-batches at the Trainer's batch size, so a step would train twice the rows: refused, naming the fix."""

@@ -28,17 +28,30 @@ def atomic_save(obj, path: str) -> None:
     """torch.save through a temporary file, so ``path`` is never a truncated file."""
     partial_path = f"{path}.partial"
     try:
-        torch.save(obj, partial_path)
+        # Through a Python file object: torch's writer reports a failed write (a full disk) as "unexpected pos ...",
+        # naming neither the file nor the cause, and only the write's own OSError, left as its context, says why.
+        with open(partial_path, "wb") as handle:
+            torch.save(obj, handle)
     except (OSError, RuntimeError) as error:
-        # A full disk surfaces from torch's writer as "unexpected pos ..." without naming the file or the cause.
         with contextlib.suppress(OSError):
             os.remove(partial_path)
+        cause = _os_error(error)
+        why = os.strerror(cause.errno).lower() if cause is not None else f"{type(error).__name__}: {error}"
         free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
         raise OSError(
-            f"saving {path} failed ({type(error).__name__}: {error}); {free / 2**20:.1f} MiB are free on its disk: "
-            "free space (or lower save_total_limit) and resume from the last complete checkpoint"
+            f"saving {path} failed ({why}); {free / 2**20:.1f} MiB are free on its disk: free space (or lower "
+            "save_total_limit) and resume from the last complete checkpoint"
         ) from error
     os.replace(partial_path, path)
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The first OSError with an errno in ``error``'s chain (itself, its cause or its context)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno is not None:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def unreadable_files(folder: str) -> list[str]:

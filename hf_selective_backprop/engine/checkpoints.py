@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 STATE_FILE = "sb_state.pt"
 #: Per-process state (generator, queue, counters, selector).
 RANK_STATE_FILE = "sb_rank_state_{rank}.pt"
-_RANK_STATE = re.compile(r"sb_rank_state_(\d+)\.pt")
+_RANK_STATE = re.compile(r"sb_rank_state_\d+\.pt")
 
 
 def atomic_save(obj, path: str) -> None:

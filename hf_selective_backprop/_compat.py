@@ -52,7 +52,7 @@ from typing import Any, NamedTuple
 
 import torch
 import transformers
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 #: The newest transformers and TRL releases the suite was run against: `make test` pins them (the Makefile's
 #: NEWEST_PINS; tests/test_packaging.py checks that the two agree). The requirements set no upper bound, so that
@@ -60,11 +60,24 @@ from packaging.version import Version
 NEWEST_TESTED = {"transformers": Version("5.24.0"), "trl": Version("1.16.0")}
 
 
-def warn_if_newer_than_tested(distribution: str, installed: str) -> None:
+def warn_if_newer_than_tested(distribution: str, installed: str) -> Version:
     """Warn when ``installed``, the release of ``distribution`` (a `NEWEST_TESTED` key) that this process imported,
-    is newer than the newest the suite was run against. Called once, where the package imports it."""
+    is newer than the newest the suite was run against. Called once, where the package imports it. Returns the
+    release; a version string that is not one (a build that rewrote it) is taken for the newest tested, with a
+    warning, rather than stopping the import."""
     newest = NEWEST_TESTED[distribution]
-    if Version(installed) > newest:
+    try:
+        release = Version(installed)
+    except InvalidVersion:
+        warnings.warn(
+            f"{distribution} gives its version as {installed!r}, which is not a version number: hf-selective-backprop "
+            f"takes it for {newest}, the newest release it was tested with. If a run fails or behaves differently, "
+            f"`pip install {distribution}=={newest}`.",
+            UserWarning,
+            stacklevel=2,
+        )
+        return newest
+    if release > newest:
         warnings.warn(
             f"{distribution} {installed} is newer than the newest release hf-selective-backprop was tested with "
             f"({newest}): the Trainer hooks it builds on may have changed. If a run fails or behaves differently, "
@@ -72,11 +85,11 @@ def warn_if_newer_than_tested(distribution: str, installed: str) -> None:
             UserWarning,
             stacklevel=2,
         )
+    return release
 
 
 #: The installed transformers release, for the differences below that are named by the release that made them.
-TRANSFORMERS_VERSION = Version(transformers.__version__)
-warn_if_newer_than_tested("transformers", transformers.__version__)
+TRANSFORMERS_VERSION = warn_if_newer_than_tested("transformers", transformers.__version__)
 #: transformers 5.19 stopped counting tensor-parallel ranks as data-parallel processes in compute_loss's scale.
 TRAINER_SCALE_DIVIDES_TP = TRANSFORMERS_VERSION >= Version("5.19.0")
 #: Before 5.18 the Trainer reloads a multi-process CPU run's optimizer onto ``cpu:0``, which torch.load refuses:

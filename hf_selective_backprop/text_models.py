@@ -24,6 +24,18 @@ logger = logging.getLogger(__name__)
 
 #: The Hub pipeline tag (the model card's task) of each task.
 PIPELINE_TAGS = {"text-classification": "text-classification", "causal-lm": "text-generation"}
+#: What each task needs of a --model_name_or_path, in a message.
+TASK_NEEDS = {
+    "text-classification": "a text model that AutoModelForSequenceClassification can put a classifier on (BERT, "
+    "GPT-2, ...)",
+    "causal-lm": "a causal language model, one AutoModelForCausalLM loads as it was saved (GPT-2, Llama, ...)",
+}
+#: What a saved model is, by the `transformers` auto-mapping its class is in (the first that holds it).
+MODEL_KINDS = {
+    "IMAGE_CLASSIFICATION": "an image classifier", "SEQUENCE_CLASSIFICATION": "a text classifier",
+    "TOKEN_CLASSIFICATION": "a token classifier", "MASKED_LM": "a masked language model",
+    "CAUSAL_LM": "a causal language model", "SEQ_TO_SEQ_CAUSAL_LM": "a sequence-to-sequence model",
+}
 
 
 @dataclass
@@ -69,6 +81,44 @@ def model_flags(args: TextModelArguments, max_length: int | None = None) -> dict
     if args.model_name_or_path is None and args.tokenizer_name is None:
         flags["--vocab_size"] = args.vocab_size  # a tokenizer learnt from the training split
     return flags
+
+
+def require_model_for(args: TextModelArguments, task: str, script: str) -> None:
+    """Refuse a --model_name_or_path of the wrong kind for ``task`` before anything is read or trained, naming the
+    flag, what the model is and what ``script`` (the command, in words) needs (an image classifier failed in its
+    tokenizer, and a text
+    classifier given to SFT was loaded as a causal LM and failed mid-training). A model whose config cannot be read
+    here (a Hub id offline) is left to the loaders."""
+    if args.model_name_or_path is None:
+        return
+    from transformers.models.auto import modeling_auto
+
+    try:
+        config = AutoConfig.from_pretrained(args.model_name_or_path)
+    except (OSError, ValueError):
+        return
+    saved = (getattr(config, "architectures", None) or [None])[0]
+    if task == "causal-lm":
+        causal = _class_names(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+        fits = saved in causal if saved else config.model_type in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    else:  # a classifier head on any backbone of a type that has one
+        fits = config.model_type in modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+    if fits:
+        return
+    kind = next((kind for mapping, kind in MODEL_KINDS.items()
+                 if saved in _class_names(getattr(modeling_auto, f"MODEL_FOR_{mapping}_MAPPING_NAMES"))),
+                f"a {config.model_type} model")
+    raise ValueError(
+        f"--model_name_or_path {args.model_name_or_path!r} is {kind} ({saved or config.model_type}): {script} "
+        f"needs {TASK_NEEDS[task]}"
+    )
+
+
+def _class_names(mapping) -> set[str]:
+    names = set()
+    for value in mapping.values():
+        names.update(value if isinstance(value, (list, tuple)) else [value])
+    return names
 
 
 def load_tokenizer(args: TextModelArguments):

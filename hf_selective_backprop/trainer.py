@@ -22,7 +22,7 @@ from .config import check_trainer_arguments, refuse_unsupported_trainer, selecti
 from .engine import SelectionEngine, budget, console, reference, rotation, run_record, state_files, streams
 from .engine.accounting import STATS_FILE, finish_plain_run, finish_run, logged_counters, run_summary
 from .engine.callback import SelectionFlowCallback
-from .engine.data_state import DataState
+from .engine.data_state import DataState, follow_plain_loader, load_plain, read_plain, save_plain
 from .engine.engine import WEIGHT_KEY
 from .engine.epoch_plan import planned_sampler
 from .engine.indexing import keeping_ids, prepare_training_dataset
@@ -72,6 +72,8 @@ class SelectiveBackpropMixin:
     #: The run's example record (--sb_record): made afresh by each training loop.
     record_keeper: record_keeping.RecordKeeper | None = None
     _records = False  # whether this trainer keeps one (record_setup.prepare)
+    #: A run without selection whose dataset or collator augments: their random state, saved with each checkpoint.
+    plain_data_state: DataState | None = None
 
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
         given = selective_arguments(args, kwargs)
@@ -164,7 +166,7 @@ class SelectiveBackpropMixin:
 
     def get_train_dataloader(self):
         if self.selector is None:
-            return super().get_train_dataloader()
+            return follow_plain_loader(self, super().get_train_dataloader())
         if self.train_dataset is not None and has_length(self.train_dataset) and len(self.train_dataset) == 0:
             raise ValueError("the training dataset is empty")
         # The loader yields selection batches; training batches are assembled from them.
@@ -251,6 +253,7 @@ class SelectiveBackpropMixin:
         if self.record_keeper is not None and resume_from_checkpoint is not None:
             self.record_keeper.load(resume_from_checkpoint)
         if self.selector is None:
+            load_plain(self, resume_from_checkpoint)
             return epochs_trained, skipped
         rotation.restore(rotation.record_of(self), self.state, resume_from_checkpoint, self.args.output_dir)
         if resume_from_checkpoint is None:
@@ -261,7 +264,7 @@ class SelectiveBackpropMixin:
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         if self.selector is None:
-            return super().get_batch_samples(epoch_iterator, num_batches, device)
+            return super().get_batch_samples(read_plain(self, epoch_iterator), num_batches, device)
         engine = self.engine
         engine.restore_model_buffers(self.accelerator.unwrap_model(self.model_wrapped))
         selecting = engine.selection_on(self.state.global_step, self.training_progress(), self.state.max_steps)
@@ -370,8 +373,9 @@ class SelectiveBackpropMixin:
 
     def _save_checkpoint(self, model, trial):
         folder = rotation.folder(_compat.output_dir(self, trial), self.state.global_step)
-        if self.selector is None:
-            if self.record_keeper is not None:  # first: the Trainer's trainer_state.json marks a complete checkpoint
+        if self.selector is None:  # first: the Trainer's trainer_state.json marks a complete checkpoint
+            save_plain(self, folder)
+            if self.record_keeper is not None:
                 self.record_keeper.save(folder, self.args.should_save)
             return super()._save_checkpoint(model, trial)
         trainer_files = partial(super()._save_checkpoint, model, trial)

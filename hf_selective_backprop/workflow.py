@@ -18,7 +18,12 @@ from .cards import hub_dataset_id, training_costs
 from .config import SelectiveBackpropConfig
 from .data import DataArguments, load_image_data
 from .engine import run_record
-from .engine.checkpoints import STATE_FILE, last_complete_checkpoint, require_resumable
+from .engine.checkpoints import (
+    STATE_FILE,
+    last_complete_checkpoint,
+    require_intact_selection_state,
+    require_resumable,
+)
 from .metrics import compute_metrics
 from .models import ModelArguments, build_model, model_flags
 from .output_lock import LOCK_FILE, claimed
@@ -93,10 +98,13 @@ def check_output_dir(path: str) -> None:
         raise ValueError(f"--output_dir {path!r}{where} not writable by this user; choose a writable --output_dir")
 
 
-def check_output_dir_is_free(path: str, resume_from: str | None = None, overwrite: bool = False) -> None:
+def check_output_dir_is_free(
+    path: str, resume_from: str | None = None, overwrite: bool = False, resumable: bool = True
+) -> None:
     """Refuse an output folder that holds files (a finished run, checkpoints, anything else) before anything is
     written, unless ``overwrite`` or the run resumes from a checkpoint inside it (``resume_from``, as
-    `resume_checkpoint` returns it), as the Hugging Face example scripts did. Every process calls this."""
+    `resume_checkpoint` returns it), as the Hugging Face example scripts did. Every process calls this; a script
+    without --resume_from_checkpoint passes ``resumable=False``, so that the refusal names no such flag."""
     target = Path(path).expanduser().absolute()
     resuming_here = resume_from is not None and Path(resume_from).expanduser().absolute().parent == target
     entries = sorted(os.listdir(target)) if target.is_dir() and not (overwrite or resuming_here) else []
@@ -104,10 +112,10 @@ def check_output_dir_is_free(path: str, resume_from: str | None = None, overwrit
     # Every process looks before any writes: the main process must not fill the folder before another looks.
     PartialState().wait_for_everyone()
     if entries:
-        _refuse_a_folder_in_use(path, entries, resume_from)
+        _refuse_a_folder_in_use(path, entries, resume_from, resumable)
 
 
-def _refuse_a_folder_in_use(path: str, entries: list[str], resume_from: str | None) -> None:
+def _refuse_a_folder_in_use(path: str, entries: list[str], resume_from: str | None, resumable: bool) -> None:
     checkpoints = sorted(
         (name for name in entries if name.startswith(f"{PREFIX_CHECKPOINT_DIR}-")), key=lambda name: (len(name), name)
     )
@@ -121,7 +129,7 @@ def _refuse_a_folder_in_use(path: str, entries: list[str], resume_from: str | No
     if others:
         held.append(f"{'other files' if held else 'files'} ({_listed(others)})")
     resume = ""
-    if checkpoints and not model and resume_from is None:
+    if checkpoints and not model and resume_from is None and resumable:
         resume = "--resume_from_checkpoint True to continue the run saved there, "
     raise ValueError(
         f"--output_dir {path!r} already holds {' and '.join(held)}, which a new run would overwrite. Pass {resume}"
@@ -173,6 +181,8 @@ def _check_checkpoint(folder: str, flag: str, selective: bool) -> None:
             f"{flag}: no such folder; pass a {PREFIX_CHECKPOINT_DIR}-N folder of an earlier run, or True (or last) "
             "for the last complete checkpoint in --output_dir"
         )
+    # First: a selective run's checkpoint without its sb_state.pt is damaged, not one to resume without selection.
+    require_intact_selection_state(folder, "--resume_from_checkpoint")
     required = (TRAINER_STATE_NAME, STATE_FILE) if selective else (TRAINER_STATE_NAME,)
     missing = [name for name in required if not os.path.isfile(os.path.join(folder, name))]
     if missing:

@@ -29,7 +29,15 @@ from hf_selective_backprop.data.text import (
 from hf_selective_backprop.engine import run_record
 from hf_selective_backprop.engine.accounting import STATS_FILE, write_stats
 from hf_selective_backprop.output_lock import claimed
-from hf_selective_backprop.text_models import TextModelArguments, build_text_model, load_tokenizer, model_flags
+from hf_selective_backprop.text_models import (
+    TextModelArguments,
+    build_text_model,
+    fitted_max_length,
+    load_tokenizer,
+    model_flags,
+    model_positions,
+    require_model_for,
+)
 from hf_selective_backprop.workflow import (
     OutputArguments,
     check_output_dir,
@@ -95,6 +103,7 @@ def main() -> None:
     parser = HfArgumentParser((TextModelArguments, SFTDataArguments, OutputArguments, SelectiveBackpropSFTConfig))
     parser.set_defaults(**DEFAULTS)
     model_args, data_args, output_args, config = parser.parse_args_into_dataclasses()
+    require_model_for(model_args, "causal-lm", "scripts/train_sft.py")
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
     run_record.check_model_flags(checkpoint, model_flags(model_args, config.max_length))
@@ -142,6 +151,9 @@ def run(config, data_args: SFTDataArguments, model_args: TextModelArguments, che
             else:
                 tokenizer = AutoTokenizer.from_pretrained(config.output_dir)
 
+    # SFTTrainer truncates to --max_length: rows longer than a pretrained model's positions would index past them.
+    if config.max_length is not None:
+        config.max_length = fitted_max_length(config.max_length, tokenizer, model_positions(model_args))
     model = build_text_model(model_args, tokenizer, "causal-lm", config.max_length)
     trainer = SelectiveBackpropSFTTrainer(
         model=model, args=config, train_dataset=train, eval_dataset=evaluation, processing_class=tokenizer

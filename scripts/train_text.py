@@ -43,6 +43,7 @@ from hf_selective_backprop.text_models import (
     load_tokenizer,
     model_flags,
     model_positions,
+    require_model_for,
 )
 from hf_selective_backprop.workflow import (
     OutputArguments,
@@ -79,6 +80,7 @@ def train(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_a
           overwrite_output_dir: bool = False) -> None:
     """Check the flags and --output_dir before any data is read, then `run` in the claimed folder (scripts/compare.py
     trains each of its text runs so)."""
+    require_model_for(model_args, data_args.task, f"scripts/train_text.py --task {data_args.task}")
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
     run_record.check_model_flags(checkpoint, model_flags(model_args, data_args.max_length))

@@ -331,14 +331,22 @@ def run(args: argparse.Namespace) -> dict:
         trainer.train(resume_from_checkpoint=args.resume)
     assert rank == trainer.args.process_index
 
-    history = getattr(trainer.selector, "history", None)
-    irreducible = trainer.engine.irreducible
     result = {
         "rank": rank,
         "world_size": trainer.accelerator.num_processes,
         "distributed_type": str(trainer.accelerator.distributed_type),
         "weights": full_weights(trainer),
         "global_step": trainer.state.global_step,
+        "warnings": [str(w.message) for w in caught],
+        "augmentation": collator.transform.generator.get_state() if args.augment else None,
+    }
+    if args.images:
+        result["augmentation"] = dataset.transform.generator.get_state()
+    if trainer.selector is None:  # --strategy none: the Trainer's run, without an engine
+        return result
+    history = getattr(trainer.selector, "history", None)
+    irreducible = trainer.engine.irreducible
+    result |= {
         "selector_state": trainer.selector.state_dict(),
         "history": history.values() if history is not None else None,
         "store": trainer.engine.store.state_dict(),
@@ -350,14 +358,10 @@ def run(args: argparse.Namespace) -> dict:
         "restored": trainer.engine.restored,
         "selection_batches_per_epoch": trainer._run_length.selection_batches_per_epoch,
         "rows_per_epoch": trainer._run_length.rows_per_epoch,
-        "warnings": [str(w.message) for w in caught],
-        "augmentation": collator.transform.generator.get_state() if args.augment else None,
         "irreducible": None if irreducible is None else irreducible.losses,
         "budget": None if trainer.engine.budget is None else trainer.engine.budget.state_dict(),
         "budget_spent": trainer.engine.budget_spent,
     }
-    if args.images:
-        result["augmentation"] = dataset.transform.generator.get_state()
     if not (args.text or args.images):
         result["weighted_loss"] = weighted_loss_check(trainer, dataset, rank)  # after the store is copied
     return result
@@ -378,7 +382,7 @@ def main() -> None:
     print(
         f"rank {rank}/{result['world_size']} {result['distributed_type']} backend="
         f"{torch.distributed.get_backend() if torch.distributed.is_initialized() else None} "
-        f"global_step={result['global_step']} kept={result['stats']['kept']} queue={result['queue']} "
+        f"global_step={result['global_step']} kept={result.get('stats', {}).get('kept')} queue={result.get('queue')} "
         f"weights_sha256={digest[:16]}",
         flush=True,
     )

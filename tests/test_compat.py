@@ -138,10 +138,23 @@ def test_a_tested_or_older_release_gets_no_warning(distribution, recwarn):
     assert [str(w.message) for w in recwarn] == []
 
 
-@pytest.mark.parametrize("faked", [True, False], ids=["newer", "tested"])
+@pytest.mark.parametrize("distribution", sorted(_compat.NEWEST_TESTED))
+def test_a_version_string_that_is_no_version_is_taken_for_the_newest_tested_with_a_warning(distribution):
+    # packaging's InvalidVersion stopped the package's import.
+    with pytest.warns(UserWarning) as caught:
+        release = _compat.warn_if_newer_than_tested(distribution, "not-a-version")
+    assert release == _compat.NEWEST_TESTED[distribution]
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert f"{distribution} gives its version as 'not-a-version', which is not a version number" in message
+
+
+@pytest.mark.parametrize("faked", [("99.0.0", "98.0.0"), None, ("not-a-version", "not-a-version")],
+                         ids=["newer", "tested", "not-a-version"])
 def test_importing_the_trainers_warns_once_per_newer_release(faked, tmp_path):
     """The check runs where the package imports transformers (and TRL): with both faked newer, one warning each,
-    however many trainers are built; with the installed (tested) releases, none."""
+    however many trainers are built; with the installed (tested) releases, none; with version strings that are no
+    versions, one warning each, and the package imports (it failed with packaging's InvalidVersion)."""
     import subprocess
     import sys
     import textwrap
@@ -152,8 +165,9 @@ def test_importing_the_trainers_warns_once_per_newer_release(faked, tmp_path):
         warnings.simplefilter("always")
         import trl
         from transformers import Trainer  # replaces sys.modules["transformers"]: fake the version after it
-        if {faked}:
-            sys.modules["transformers"].__version__, sys.modules["trl"].__version__ = "99.0.0", "98.0.0"
+        from trl import SFTTrainer  # TRL reads transformers' version itself when its trainer is imported
+        if {faked is not None}:
+            sys.modules["transformers"].__version__, sys.modules["trl"].__version__ = {faked!r}
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             from hf_selective_backprop import SelectiveBackpropTrainer
@@ -163,16 +177,20 @@ def test_importing_the_trainers_warns_once_per_newer_release(faked, tmp_path):
                 SelectiveBackpropTrainer(model=TinyClassifier(), args=make_config({str(tmp_path)!r} + run),
                                          train_dataset=make_dataset(32))
         for w in caught:
-            if "newer than the newest release" in str(w.message):
+            if "newer than the newest release" in str(w.message) or "not a version number" in str(w.message):
                 print("WARNING", w.message)
         print("done")
     """)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip().endswith("done"), result.stderr[-3000:]
     warned = [line for line in result.stdout.splitlines() if line.startswith("WARNING")]
-    if faked:
+    if faked is None:
+        assert warned == []
+    elif faked[0] == "not-a-version":
+        assert len(warned) == 2, warned
+        assert "transformers gives its version as 'not-a-version'" in warned[0] + warned[1]
+        assert "trl gives its version as 'not-a-version'" in warned[0] + warned[1]
+    else:
         assert len(warned) == 2, warned
         assert "transformers 99.0.0" in warned[0] + warned[1] and "(5.24.0)" in warned[0] + warned[1]
         assert "trl 98.0.0" in warned[0] + warned[1] and "(1.16.0)" in warned[0] + warned[1]
-    else:
-        assert warned == []

@@ -307,6 +307,22 @@ def test_augmented_stale_sb_with_batch_norm_resumes_exactly_in_two_processes(tmp
     assert _stats_json(tmp_path / "finished")["backwards"] == _stats_json(tmp_path / "resumed")["backwards"]
 
 
+@resumes_cpu_processes
+def test_a_run_without_selection_resumes_its_augmentation_exactly_in_two_processes(tmp_path):
+    # The Trainer's own loop (--sb_strategy none) reads ahead too: without each rank's augmentation state as of the
+    # batch it had not read, a resumed run drew other crops and ended with other weights.
+    plain = ["--images", "--strategy", "none", "--epochs", "2", "--examples", "128", "--batch", "4",
+             "--save-steps", "3"]
+    finished = _launch(tmp_path / "finished", plain)
+    checkpoint = tmp_path / "finished" / "trainer" / "checkpoint-3"  # mid-epoch, a batch loaded ahead on each rank
+    assert {path.name for path in checkpoint.glob("sb_*")} == {"sb_data_state_0.pt", "sb_data_state_1.pt"}
+    resumed = _launch(tmp_path / "resumed", plain + ["--resume", str(checkpoint)])
+    for a, b in zip(finished, resumed, strict=True):
+        assert a["global_step"] == b["global_step"] == 32
+        assert _same_weights(a["weights"], b["weights"])
+        assert torch.equal(a["augmentation"], b["augmentation"])
+
+
 # ---- lockstep when ranks read different numbers of undecided rows ---------------------------
 
 # Stale-SB n=2, global history: epoch 1 is planned from the losses stored in epoch 0. Rows without a
@@ -359,6 +375,16 @@ def test_rholoss_scores_the_reference_once_and_keeps_two_processes_in_lockstep(t
     stats = _stats_json(tmp_path)
     assert stats["reference_forwards"] == EXAMPLES
     assert stats["examples_seen"] == 3 * EXAMPLES and stats["stale_lookups"] == EXAMPLES
+
+
+def test_rholoss_counts_each_reference_forward_once_when_the_last_batch_is_padded(tmp_path):
+    # 257 rows in reference batches of 8 per rank: the sampler repeats 15 rows to fill both ranks' last batch, and
+    # those were counted too (272), charging a budget for rows already scored.
+    ranks = _launch(tmp_path, ["--strategy", "rholoss", "--reference", "--keep", "0.5", "--examples", "257",
+                               "--epochs", "1"])
+    assert ranks[0]["irreducible"].numel() == 257 and torch.isfinite(ranks[0]["irreducible"]).all()
+    assert sum(rank["stats"]["reference_forwards"] for rank in ranks) == 257
+    assert _stats_json(tmp_path)["reference_forwards"] == 257
 
 
 def test_split_batches_is_refused_before_training(tmp_path):

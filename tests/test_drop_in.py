@@ -369,6 +369,8 @@ def _saved_run(output_dir, **overrides):
     ("optimizer.pt", lambda data: b"garbage" * 10),
     ("sb_state.pt", lambda data: data[:-100]),
     ("trainer_state.json", lambda data: data[: len(data) // 2]),  # passed over without a word
+    # A header length of 10^12 bytes: reading the header ended in a raw MemoryError.
+    pytest.param("model.safetensors", lambda data: (10**12).to_bytes(8, "little") + data[8:], id="garbage-header"),
 ])
 def test_an_unreadable_file_sends_resume_true_to_the_previous_checkpoint_and_an_explicit_resume_to_an_error(
         output_dir, caplog, damaged, damage):
@@ -417,11 +419,37 @@ def test_warmup_that_covers_the_whole_run_is_warned_of(output_dir):
         make_config(output_dir, sb_warmup_epochs=3, num_train_epochs=2)
 
 
-def test_a_full_disk_during_a_save_names_the_file_and_the_free_space(tmp_path, monkeypatch):
+def test_a_full_disk_during_a_save_says_so_naming_the_file_and_the_free_space(tmp_path, monkeypatch):
+    # torch's writer turns the failed write into "unexpected pos ...", naming neither the file nor the cause.
+    import errno
+    import io
+    import os
+
     from hf_selective_backprop.engine import checkpoints
 
-    def full(obj, path):
-        Path(path).write_bytes(b"half")
+    class FullDisk(io.FileIO):
+        written = 0
+
+        def write(self, data):
+            self.written += len(data)
+            if self.written > 1000:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return super().write(data)
+
+    monkeypatch.setattr(checkpoints, "open", lambda path, mode: FullDisk(path, mode), raising=False)
+    target = tmp_path / "sb_state.pt"
+    with pytest.raises(OSError, match=rf"^saving {target} failed \(no space left on device\); [\d.]+ MiB are free on "
+                       r"its disk: free space \(or lower save_total_limit\)") as failed:
+        checkpoints.atomic_save({"store": torch.zeros(10_000)}, str(target))
+    assert "unexpected pos" not in str(failed.value)
+    assert not list(tmp_path.iterdir())  # no partial file left behind
+
+
+def test_a_failed_save_without_an_os_error_names_the_file_and_the_free_space(tmp_path, monkeypatch):
+    from hf_selective_backprop.engine import checkpoints
+
+    def full(obj, handle):
+        handle.write(b"half")
         raise RuntimeError("[enforce fail at inline_container.cc:664] . unexpected pos 128 vs 64")
 
     monkeypatch.setattr(checkpoints.torch, "save", full)

@@ -248,6 +248,24 @@ def test_a_resume_with_another_model_flag_is_refused_before_any_data_is_read(scr
     assert max(checkpoint_steps(out)) > int(last.name.split("-")[1])
 
 
+def test_a_plain_checkpoint_without_the_run_record_is_refused_for_another_model(script, tmp_path):
+    # A checkpoint of a run without selection saved before the run record: no flags to compare before the data, and
+    # the resume ended in torch's raw size mismatch (or the optimizer's parameter-group error).
+    out = tmp_path / "run"
+    script(out, "--save_strategy", "steps", "--save_steps", "1", "--sb_strategy", "none")
+    last = max(out.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+    state = json.loads((last / "trainer_state.json").read_text())
+    del state["stateful_callbacks"]["PlainRunRecord"]  # as an earlier version saved it
+    (last / "trainer_state.json").write_text(json.dumps(state))
+    flag, now, field, saved, wants = (
+        ("--model", "resnet34", "architecture", "'resnet18'", "'resnet34'") if script.name == "train.py"
+        else ("--num_layers", "2", "num_hidden_layers", 1, 2))
+    with pytest.raises(ValueError, match=rf"^Cannot resume from .*{last.name}: this run's model differs from the saved "
+                       rf"one:\n  the model's {field}: saved {saved}, now {wants}\n"):
+        script(out, "--resume_from_checkpoint", str(last), flag, now, "--num_train_epochs", "2",
+               "--sb_strategy", "none")
+
+
 def test_a_plain_budget_runs_resume_with_another_budget_is_refused_before_any_data_is_read(script, tmp_path):
     out = tmp_path / "run"
     run = ("--save_strategy", "steps", "--save_steps", "1", "--sb_strategy", "none", "--num_train_epochs", "2")
@@ -357,3 +375,88 @@ def test_a_lock_path_that_is_not_a_lock_file_is_refused_and_left_alone(kind, wha
                               "there (a regular file): delete it, or choose another --output_dir"), message
     assert (outside.read_text() == "the user's own file") if kind == "symlink" else not outside.exists()
     assert lock.is_symlink() if kind.endswith("symlink") else lock.exists()
+
+
+# ---- scripts/train_tokenizer.py ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def tokenizer_script(review_folder, monkeypatch):
+    """Runs scripts/train_tokenizer.py on tiny data, counting how often it loads data."""
+    import hf_selective_backprop.data.text as module
+
+    loader, loads = module.load_text_data, []
+
+    def counted(*args, **kwargs):
+        loads.append(1)
+        return loader(*args, **kwargs)
+
+    monkeypatch.setattr(module, "load_text_data", counted)
+
+    def run(output_dir: Path, *extra: str) -> None:
+        monkeypatch.setattr(sys, "argv", ["train_tokenizer.py", "--dataset", str(review_folder), "--label_column",
+                                          "sentiment", "--vocab_size", "60", "--max_length", "16",
+                                          "--output_dir", str(output_dir), *extra])
+        runpy.run_path(str(ROOT / "scripts" / "train_tokenizer.py"), run_name="__main__")
+
+    run.loads = loads
+    return run
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in folder.iterdir() if path.is_file()}
+
+
+def test_the_tokenizer_script_refuses_a_finished_runs_folder_unless_told(tokenizer_script, tmp_path):
+    # It replaced a finished model's tokenizer.json without a word (exit 0), leaving a tokenizer that did not fit
+    # the model's embedding.
+    out = tmp_path / "model"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"the finished run's weights")
+    (out / "tokenizer.json").write_text("the finished run's tokenizer")
+    before = _files(out)
+    with pytest.raises(ValueError, match=r"^--output_dir '.*model' already holds a finished run \(model.safetensors\) "
+                       r"and other files \(tokenizer.json\), which a new run would overwrite. Pass "
+                       r"--overwrite_output_dir to train into it anyway"):
+        tokenizer_script(out)
+    assert not tokenizer_script.loads and _files(out) == before  # refused before the text was read
+    # A folder of checkpoints: the script has no --resume_from_checkpoint, so the refusal does not name it.
+    user_checkpoint(tmp_path / "checkpoints")
+    with pytest.raises(ValueError, match=r"already holds checkpoints \(checkpoint-5\).*Pass --overwrite_output_dir") \
+            as refused:
+        tokenizer_script(tmp_path / "checkpoints")
+    assert "--resume_from_checkpoint" not in str(refused.value)
+    tokenizer_script(out, "--overwrite_output_dir")
+    assert (out / "model.safetensors").read_bytes() == before["model.safetensors"]
+    assert json.loads((out / "tokenizer.json").read_text())["model"]["type"] == "WordPiece"
+    assert sorted(path.name for path in out.iterdir() if path.name.startswith(".")) == []  # no staging folder left
+
+
+def test_the_tokenizer_script_follows_no_symbolic_link_out_of_its_folder(tokenizer_script, tmp_path):
+    # A link planted at tokenizer.json was followed: the file outside the folder was overwritten.
+    out, outside = tmp_path / "tok", tmp_path / "elsewhere.json"
+    out.mkdir()
+    outside.write_text("the user's own file")
+    (out / "tokenizer.json").symlink_to(outside)
+    with pytest.raises(ValueError, match=r"already holds files \(tokenizer.json\)"):
+        tokenizer_script(out)
+    tokenizer_script(out, "--overwrite_output_dir")
+    assert outside.read_text() == "the user's own file"
+    assert not (out / "tokenizer.json").is_symlink()
+    assert json.loads((out / "tokenizer.json").read_text())["model"]["type"] == "WordPiece"
+
+
+def test_the_tokenizer_script_refuses_a_file_and_a_folder_in_use(tokenizer_script, tmp_path):
+    # --output_dir naming a file printed "... tokens -> <file>" and exited 0, having saved nothing.
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the user's own notes")
+    with pytest.raises(ValueError, match=r"^--output_dir '.*notes.txt' is a file, not a folder"):
+        tokenizer_script(notes)
+    assert notes.read_text() == "the user's own notes"
+    out = tmp_path / "tok"
+    with claimed(str(out)):
+        with pytest.raises(ValueError, match=r"^--output_dir '.*tok' is in use by another run"):
+            tokenizer_script(out)
+    assert not tokenizer_script.loads
+    tokenizer_script(out)
+    assert (out / "tokenizer.json").is_file() and not (out / LOCK_FILE).exists()

@@ -10,6 +10,7 @@ its last complete checkpoint and must end where an uninterrupted run ends.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -217,14 +218,34 @@ def test_resume_true_without_a_complete_checkpoint_is_a_clear_error(references, 
         new_trainer(str(tmp_path), settings).train(resume_from_checkpoint=True)
 
 
-@pytest.mark.parametrize("missing", [STATE_FILE, RANK_STATE_FILE.format(rank=0)])
-def test_checkpoint_missing_selection_state_names_the_file(missing, references, tmp_path):
-    _, output_dir, settings = references("mid_accumulation")
-    checkpoint = tmp_path / "checkpoint-3"
-    shutil.copytree(checkpoints(output_dir)[2], checkpoint)
-    os.remove(checkpoint / missing)
-    with pytest.raises(FileNotFoundError, match=missing.replace(".", r"\.")):
-        new_trainer(str(tmp_path / "out"), settings).train(resume_from_checkpoint=str(checkpoint))
+@pytest.mark.parametrize("missing", [STATE_FILE, RANK_STATE_FILE.format(rank=0), RANK_STATE_FILE.format(rank=1)])
+def test_a_checkpoint_missing_a_selection_state_file_is_passed_over_and_refused_as_damaged(
+        missing, references, tmp_path, caplog):
+    # A resume with True stopped with a FileNotFoundError where sb_rank_state_0.pt was missing, and passed over a
+    # checkpoint without sb_state.pt without a word; an explicit resume of the latter was told to use
+    # --sb_strategy none, which silently turned the selective run into a plain one.
+    reference, output_dir, settings = references("mid_accumulation")
+    previous, damaged = tmp_path / "checkpoint-2", tmp_path / "checkpoint-3"
+    shutil.copytree(checkpoints(output_dir)[1], previous)
+    shutil.copytree(checkpoints(output_dir)[2], damaged)
+    if missing == RANK_STATE_FILE.format(rank=1):  # saved by two processes, the second one's file lost
+        shared = torch.load(damaged / STATE_FILE, weights_only=True)
+        torch.save({**shared, "world_size": 2}, damaged / STATE_FILE)
+    else:
+        os.remove(damaged / missing)
+    with pytest.raises(ValueError, match=rf"^resume_from_checkpoint '{damaged}': .*{missing}.*: it is damaged"):
+        new_trainer(str(tmp_path / "out"), settings).train(resume_from_checkpoint=str(damaged))
+    # Without selection: refused as damaged, or as a selective run's checkpoint (its sb_state.pt says so).
+    refusal = "it is damaged" if missing == STATE_FILE else "--sb_strategy: saved 'sb', now 'none'"
+    with pytest.raises(ValueError, match=refusal):
+        new_trainer(str(tmp_path / "plain"), {**settings, "sb_strategy": "none"}).train(
+            resume_from_checkpoint=str(damaged))
+    resumed = new_trainer(str(tmp_path), {**settings, "save_strategy": "no"})
+    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.engine.checkpoints"):
+        resumed.train(resume_from_checkpoint=True)
+    passed_over = [r.getMessage() for r in caplog.records if r.getMessage().startswith("passing over")]
+    assert passed_over == [f"passing over {damaged}: it lacks {missing}"]
+    assert_same_run(resumed, reference)  # from checkpoint-2
 
 
 # ---- SIGKILL ------------------------------------------------------------------------------------

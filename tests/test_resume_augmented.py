@@ -238,3 +238,53 @@ def test_with_dataloader_workers_a_resume_says_the_augmentation_state_is_not_res
     with pytest.warns(UserWarning, match=r"random state of the training dataset \(augmentation\) is not restored: "
                       r"dataloader_num_workers=1 runs the dataset and collator in worker processes"):
         trainer.train(resume_from_checkpoint=spread(output_dir)[1])
+
+
+# ---- without selection -------------------------------------------------------------------------------
+
+
+PLAIN = {
+    # The image workflow's layout, with accumulation: a step reads two batches.
+    "dataset": dict(source="dataset", seed=3, settings=dict(TRAINING, gradient_accumulation_steps=2)),
+    # A collator that also augments an evaluation every 3 steps, between a batch loaded ahead and the checkpoint.
+    "collator": dict(source="collator", seed=4, settings=dict(TRAINING, eval_strategy="steps", eval_steps=3)),
+}
+
+
+def plain_trainer(output_dir: str, layout: str, **overrides) -> SelectiveBackpropTrainer:
+    spec = PLAIN[layout]
+    seed, settings = spec["seed"], {**spec["settings"], **overrides, "sb_strategy": "none"}
+    del settings["sb_beta"], settings["sb_selection_batch_size"]
+    if spec["source"] == "dataset":
+        train, collator, evaluation = make_image_dataset(N, seed), None, None
+    else:
+        train, collator, evaluation = RawImages(seed=seed), AugmentingCollator(seed), RawImages(16, seed=seed + 100)
+    return SelectiveBackpropTrainer(
+        model=TinyConv(), args=make_config(output_dir, seed=seed, **settings), train_dataset=train,
+        eval_dataset=evaluation, data_collator=collator,
+    )  # fmt: skip
+
+
+def plain_augmentation_state(trainer: SelectiveBackpropTrainer) -> torch.Tensor:
+    source = trainer.data_collator if isinstance(trainer.data_collator, AugmentingCollator) else trainer.train_dataset
+    return source.transform.generator.get_state()
+
+
+@pytest.mark.parametrize("layout", list(PLAIN))
+def test_a_run_without_selection_resumes_its_augmentation_exactly(layout, tmp_path):
+    # Only the selective path saved the augmentation state of the batch the loader reads ahead: a resumed
+    # `--sb_strategy none` run (Traditional, the baseline of every comparison) drew other crops and ended elsewhere.
+    reference = plain_trainer(str(tmp_path / "reference"), layout, save_strategy="steps", save_steps=1)
+    reference.train()
+    steps_per_epoch = reference.state.max_steps // TRAINING["num_train_epochs"]
+    chosen = [c for c in checkpoints(str(tmp_path / "reference"))
+              if step(c) == 1 or step(c) % 5 == 0 or step(c) % steps_per_epoch == 0][:-1]
+    assert any(step(c) % steps_per_epoch for c in chosen) and any(not step(c) % steps_per_epoch for c in chosen)
+    for checkpoint in chosen:
+        resumed = plain_trainer(str(tmp_path / os.path.basename(checkpoint)), layout)
+        resumed.train(resume_from_checkpoint=checkpoint)
+        assert resumed.state.global_step == reference.state.global_step, checkpoint
+        theirs = reference.model.state_dict()
+        for name, ours in resumed.model.state_dict().items():
+            assert torch.equal(ours, theirs[name]), (checkpoint, name)
+        assert torch.equal(plain_augmentation_state(resumed), plain_augmentation_state(reference)), checkpoint

@@ -341,3 +341,30 @@ def test_the_sft_card_heads_its_results_with_the_runs_own_metric_and_names_trl(o
                       if "eval_mean_token_accuracy" in e][-1]
     assert f"| mean token accuracy (evaluation set) | {100 * token_accuracy:.2f} % |" in text
     assert "| accuracy (" not in text and f"TRL {trl.__version__}" in text
+
+
+def test_the_sft_script_refuses_a_classifier_naming_the_flag_and_what_it_needs(review_folder, tmp_path, monkeypatch):
+    # AutoModelForCausalLM loaded a BERT classifier as BertLMHeadModel, and the run failed mid-training.
+    from text_tiny import sequence_classifier
+
+    import hf_selective_backprop.data.text as text_data
+
+    monkeypatch.setattr(text_data, "load_text_data", lambda *args, **kwargs: pytest.fail("the data was read"))
+    folder = tmp_path / "bert"
+    sequence_classifier().save_pretrained(folder)
+    with pytest.raises(ValueError, match=rf"^--model_name_or_path '{folder}' is a text classifier "
+                       r"\(BertForSequenceClassification\): scripts/train_sft.py needs a causal language model"):
+        _sft_script(review_folder, tmp_path / "sft", "--model_name_or_path", str(folder))
+    assert not (tmp_path / "sft").exists()
+
+
+def test_the_sft_script_fits_max_length_to_the_models_positions(review_folder, tmp_path, caplog):
+    # Its own 16-position GPT-2 fine-tuned with --max_length 64: rows indexed past the position embeddings (a raw
+    # IndexError); scripts/train_text.py fitted --max_length already.
+    _sft_script(review_folder, tmp_path / "small", "--sb_strategy", "none", "--save_strategy", "no")
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "small").config.n_positions == 16
+    with caplog.at_level("WARNING", logger="hf_selective_backprop.text_models"):
+        _sft_script(review_folder, tmp_path / "tuned", "--model_name_or_path", str(tmp_path / "small"),
+                    "--max_length", "64", "--save_strategy", "no")
+    assert "--max_length 64 is longer than the model takes" in caplog.text
+    assert json.loads((tmp_path / "tuned" / "sb_stats.json").read_text())["backwards"] > 0

@@ -202,6 +202,41 @@ def test_a_truncated_model_folder_is_refused_naming_the_flag_and_the_file(tmp_pa
         (TextModelArguments if arguments == "text" else ModelArguments)(model_name_or_path=str(folder))
 
 
+def test_an_image_classifier_is_refused_naming_the_flag_and_what_the_script_needs(review_folder, tmp_path, monkeypatch):
+    # It failed loading a tokenizer from the image model's folder, naming neither the flag nor the problem.
+    import hf_selective_backprop.data.text as text_data
+    from hf_selective_backprop.models import ModelArguments, build_model
+
+    monkeypatch.setattr(text_data, "load_text_data", lambda *args, **kwargs: pytest.fail("the data was read"))
+    folder = tmp_path / "resnet"
+    build_model(ModelArguments(model="resnet18"), 2, 8, (0.5,), (0.25,), in_chans=1).save_pretrained(folder)
+    with pytest.raises(ValueError, match=rf"^--model_name_or_path '{folder}' is an image classifier "
+                       r"\(TimmWrapperForImageClassification\): scripts/train_text.py --task text-classification "
+                       r"needs a text model that AutoModelForSequenceClassification can put a classifier on"):
+        run_script(["--dataset", str(review_folder), "--label_column", "sentiment", "--model_name_or_path",
+                    str(folder), "--output_dir", str(tmp_path / "run"), *COMMON])
+    assert not (tmp_path / "run").exists()
+
+
+def test_weights_with_a_garbage_header_length_are_refused_as_unreadable(tmp_path):
+    # The header's length was read as it stood: 10^12 bytes ended in a raw MemoryError naming neither.
+    import struct
+
+    from text_tiny import sequence_classifier
+
+    from hf_selective_backprop.models import ModelArguments
+    from hf_selective_backprop.text_models import TextModelArguments
+
+    folder = tmp_path / "bert"
+    sequence_classifier().save_pretrained(folder)
+    whole = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(struct.pack("<Q", 10**12) + whole[8:])
+    for arguments in (TextModelArguments, ModelArguments):
+        with pytest.raises(ValueError, match=rf"^--model_name_or_path '{folder}': model.safetensors cannot be read "
+                           r"\(truncated or damaged"):
+            arguments(model_name_or_path=str(folder))
+
+
 def test_max_length_is_fitted_to_the_models_positions_when_the_tokenizer_has_no_limit(tmp_path, caplog):
     # A tokenizer saved without model_max_length reads as unlimited: 32-token rows overran the model's 8 positions.
     from text_tiny import sequence_classifier, word_tokenizer, write_split

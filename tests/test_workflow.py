@@ -199,6 +199,17 @@ def test_a_resume_path_that_is_not_a_checkpoint_names_the_flag_and_what_to_pass(
         resume_checkpoint(resume_config(tmp_path, str(tmp_path / target), sb_strategy=strategy))
 
 
+@pytest.mark.parametrize("strategy", ["sb", "none"])
+def test_a_checkpoint_with_selection_state_but_no_sb_state_is_refused_as_damaged(tmp_path, strategy):
+    # It was taken for a run without selection's ("resume it with --sb_strategy none"), and following that advice
+    # silently turned the selective run into a plain one.
+    fake_checkpoint(tmp_path / "checkpoint-7", "trainer_state.json", "sb_rank_state_0.pt", "optimizer.pt")
+    with pytest.raises(ValueError, match=r"^--resume_from_checkpoint '.*checkpoint-7': it holds sb_rank_state_0.pt, "
+                       r"the selection state of a run with selection, but lacks sb_state.pt: it is damaged \(a run "
+                       r"without selection would not continue it\); pass an earlier checkpoint, or True"):
+        resume_checkpoint(resume_config(tmp_path, str(tmp_path / "checkpoint-7"), sb_strategy=strategy))
+
+
 def test_a_bad_resume_path_fails_before_the_data_is_loaded(tmp_path, no_data):
     with pytest.raises(ValueError, match="--resume_from_checkpoint '.*nowhere': no such folder"):
         run_digits(str(tmp_path / "run"), resume_from_checkpoint=str(tmp_path / "nowhere"))

@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import struct
 import zipfile
@@ -20,23 +21,37 @@ logger = logging.getLogger(__name__)
 STATE_FILE = "sb_state.pt"
 #: Per-process state (generator, queue, counters, selector).
 RANK_STATE_FILE = "sb_rank_state_{rank}.pt"
+_RANK_STATE = re.compile(r"sb_rank_state_\d+\.pt")
 
 
 def atomic_save(obj, path: str) -> None:
     """torch.save through a temporary file, so ``path`` is never a truncated file."""
     partial_path = f"{path}.partial"
     try:
-        torch.save(obj, partial_path)
+        # Through a Python file object: torch's writer reports a failed write (a full disk) as "unexpected pos ...",
+        # naming neither the file nor the cause, and only the write's own OSError, left as its context, says why.
+        with open(partial_path, "wb") as handle:
+            torch.save(obj, handle)
     except (OSError, RuntimeError) as error:
-        # A full disk surfaces from torch's writer as "unexpected pos ..." without naming the file or the cause.
         with contextlib.suppress(OSError):
             os.remove(partial_path)
+        cause = _os_error(error)
+        why = os.strerror(cause.errno).lower() if cause is not None else f"{type(error).__name__}: {error}"
         free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
         raise OSError(
-            f"saving {path} failed ({type(error).__name__}: {error}); {free / 2**20:.1f} MiB are free on its disk: "
-            "free space (or lower save_total_limit) and resume from the last complete checkpoint"
+            f"saving {path} failed ({why}); {free / 2**20:.1f} MiB are free on its disk: free space (or lower "
+            "save_total_limit) and resume from the last complete checkpoint"
         ) from error
     os.replace(partial_path, path)
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The first OSError with an errno in ``error``'s chain (itself, its cause or its context)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno is not None:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def unreadable_files(folder: str) -> list[str]:
@@ -98,6 +113,8 @@ def _safetensors_whole(path: str) -> bool:
     try:
         with open(path, "rb") as handle:
             length = struct.unpack("<Q", handle.read(8))[0]
+            if length > os.path.getsize(path) - 8:  # garbage: reading that much would exhaust the memory
+                return False
             header = json.loads(handle.read(length))
     except (OSError, ValueError, struct.error, UnicodeDecodeError):
         return False
@@ -108,19 +125,66 @@ def _safetensors_whole(path: str) -> bool:
     return os.path.getsize(path) == 8 + length + max(ends, default=0)
 
 
+def missing_selection_state(folder: str) -> list[str]:
+    """The selection state files that ``folder``, a checkpoint holding some, lacks: sb_state.pt beside a process's
+    sb_rank_state_{r}.pt, or the sb_rank_state_{r}.pt of a process that saved sb_state.pt. A checkpoint without
+    any (a run without selection's) lacks none; nor does one whose sb_state.pt cannot be read (`unreadable_files`
+    names it)."""
+    names = set(os.listdir(folder))
+    if STATE_FILE not in names:
+        return [STATE_FILE] if any(_RANK_STATE.fullmatch(name) for name in names) else []
+    try:
+        # mmap: the store's tensors are not read, only the few values beside them.
+        world_size = torch.load(os.path.join(folder, STATE_FILE), weights_only=True, mmap=True)["world_size"]
+    except Exception:  # whatever the damage, unreadable_files reports the file
+        return []
+    return [RANK_STATE_FILE.format(rank=rank) for rank in range(world_size)
+            if RANK_STATE_FILE.format(rank=rank) not in names]
+
+
+def damage(folder: str) -> str | None:
+    """Why ``folder`` holds selection state that a resume cannot restore (`missing_selection_state`); None if
+    it can, or holds none."""
+    missing = missing_selection_state(folder)
+    if not missing:
+        return None
+    if missing == [STATE_FILE]:
+        ranks = sorted(name for name in os.listdir(folder) if _RANK_STATE.fullmatch(name))
+        return (f"it holds {', '.join(ranks)}, the selection state of a run with selection, but lacks {STATE_FILE}: "
+                "it is damaged (a run without selection would not continue it)")
+    return f"it lacks {', '.join(missing)} (each process that saved it writes its own): it is damaged"
+
+
+def require_intact_selection_state(checkpoint: str, flag: str = "resume_from_checkpoint") -> None:
+    """Refuse a checkpoint with selection state that is missing a file (`damage`), naming ``flag``: with selection
+    the queues and generators could not be restored, and without it the run would silently lose its selection."""
+    why = damage(checkpoint) if os.path.isdir(checkpoint) else None
+    if why is not None:
+        raise ValueError(f"{flag} {checkpoint!r}: {why}; pass an earlier checkpoint, or True for the last complete one")
+
+
 def is_complete_checkpoint(folder: str) -> bool:
-    """True if ``folder`` holds the selection state and a readable trainer_state.json (written last), and no
-    checkpoint file in it is truncated or garbage (`unreadable_files`)."""
-    state = os.path.join(folder, TRAINER_STATE_NAME)
-    if not (os.path.isfile(os.path.join(folder, STATE_FILE)) and os.path.isfile(state)):
-        return False
-    return not unreadable_files(folder)  # trainer_state.json included
+    """True if ``folder`` holds the selection state, every file of it (`missing_selection_state`), and a readable
+    trainer_state.json (written last), and no checkpoint file in it is truncated or garbage (`unreadable_files`)."""
+    return _incomplete(folder) is None
+
+
+def _incomplete(folder: str) -> str | None:
+    """What makes ``folder`` no complete checkpoint of a run with selection, in words; None if it is one."""
+    if not os.path.isdir(folder):
+        return "it is not a folder"
+    missing = [name for name in (TRAINER_STATE_NAME, STATE_FILE) if not os.path.isfile(os.path.join(folder, name))]
+    missing += [name for name in missing_selection_state(folder) if name not in missing]
+    problems = [f"it lacks {', '.join(missing)}"] if missing else []
+    bad = unreadable_files(folder)  # trainer_state.json included
+    if bad:
+        problems.append(f"{', '.join(bad)} cannot be read (truncated or damaged)")
+    return "; ".join(problems) or None
 
 
 def last_complete_checkpoint(output_dir: str) -> str | None:
-    """The highest-step ``checkpoint-N`` folder of ``output_dir`` that is complete, or None. A newer one that
-    has the selection state and trainer_state.json but an unreadable file is passed over with a warning naming
-    the file."""
+    """The highest-step ``checkpoint-N`` folder of ``output_dir`` that is complete, or None. Each newer one is
+    passed over with a warning naming what it lacks, or the file that cannot be read."""
     if not os.path.isdir(output_dir):
         return None
     steps = []
@@ -130,19 +194,22 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
             steps.append(int(step))
     for step in sorted(steps, reverse=True):
         folder = os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}")
-        if is_complete_checkpoint(folder):
+        if not os.path.isdir(folder):
+            continue
+        why = _incomplete(folder)
+        if why is None:
             return folder
-        bad = unreadable_files(folder) if os.path.isfile(os.path.join(folder, TRAINER_STATE_NAME)) else []
-        if bad:
-            logger.warning("passing over %s: %s cannot be read (truncated or damaged)", folder, ", ".join(bad))
+        logger.warning("passing over %s: %s", folder, why)
     return None
 
 
 def require_resumable(checkpoint: str, flag: str = "resume_from_checkpoint") -> None:
-    """Refuse a checkpoint a resume would fail on, or silently not continue, naming ``flag`` and the file: an
-    unreadable file, or a ``save_only_model`` checkpoint (no optimizer state to continue from)."""
+    """Refuse a checkpoint a resume would fail on, or silently not continue, naming ``flag`` and the file: selection
+    state missing a file (`require_intact_selection_state`), an unreadable file, or a ``save_only_model`` checkpoint
+    (no optimizer state to continue from)."""
     if not os.path.isdir(checkpoint):
         return  # the Trainer's own error names a path that is not there
+    require_intact_selection_state(checkpoint, flag)
     bad = unreadable_files(checkpoint)
     if bad:
         raise ValueError(

@@ -18,16 +18,24 @@ Exact only where this process runs the dataset and collator itself, once per bat
 with ``dataloader_num_workers > 0`` (they run in worker processes), a stream (re-read up to its
 position on resume) or ``dispatch_batches`` (the main process loads every process's batches).
 Resuming such a run warns that the pipeline's random state was not restored.
+
+A run without selection (``sb_strategy="none"``) is the Trainer's loop, which reads ahead the same way: the
+functions at the end track its loader with a `DataState` of its own and save it in ``sb_data_state_{rank}.pt``
+(`PLAIN_STATE_FILE`), a file apart, since ``sb_rank_state_{rank}.pt`` marks a checkpoint with selection state.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import warnings
 from collections import deque
+from functools import partial
 
+import torch
 from torch.utils.data import IterableDataset
 
+from .checkpoints import atomic_save
 from .indexing import IndexedDataset
 
 NAMES = {"dataset": "the training dataset", "collator": "the data collator"}
@@ -160,3 +168,53 @@ class DataState:
         self._load(state["sources"])
         self._refetch = state["refetch"]
         self._then = state["then"] if self._refetch else None
+
+
+# ---- a run without selection ---------------------------------------------------------------------------
+
+#: Each process's data pipeline state in a checkpoint of a run without selection.
+PLAIN_STATE_FILE = "sb_data_state_{rank}.pt"
+
+
+def follow_plain_loader(trainer, loader):
+    """``loader``, the Trainer's training loader of a run without selection, its batches tracked by a `DataState`
+    (``trainer.plain_data_state``); returned as it is where nothing keeps a random state."""
+    args = trainer.args
+    data_state = DataState.for_training(
+        trainer.train_dataset, trainer.data_collator, args.dataloader_num_workers,
+        trainer.accelerator.dataloader_config.dispatch_batches,
+    )
+    trainer.plain_data_state = data_state if data_state.sources else None
+    if data_state.tracked:
+        # Accelerate's DataLoaderShard reads through the DataLoader it wraps, whose collate_fn its resumed-epoch
+        # copy (skip_first_batches) takes over.
+        base = getattr(loader, "base_dataloader", loader)
+        base.collate_fn = data_state.wrap(base.collate_fn)
+    return loader
+
+
+def read_plain(trainer, iterator):
+    """``iterator``, the Trainer's epoch iterator, noting each batch it hands out as read."""
+    data_state = trainer.plain_data_state
+    if data_state is None or not data_state.tracked:
+        return iterator
+    return iter(partial(data_state.next, iterator), None)
+
+
+def save_plain(trainer, folder: str) -> None:
+    """Write this process's pipeline state into the checkpoint ``folder``, before the Trainer's trainer_state.json
+    marks it complete (every process calls this)."""
+    state = trainer.plain_data_state.state_dict() if trainer.plain_data_state is not None else None
+    if state is None:
+        return
+    os.makedirs(folder, exist_ok=True)
+    atomic_save({"data": state}, os.path.join(folder, PLAIN_STATE_FILE.format(rank=trainer.args.process_index)))
+
+
+def load_plain(trainer, checkpoint: str | None) -> None:
+    """Restore this process's pipeline state from ``checkpoint`` (a warning where it holds none)."""
+    if checkpoint is None or trainer.plain_data_state is None:
+        return
+    path = os.path.join(checkpoint, PLAIN_STATE_FILE.format(rank=trainer.args.process_index))
+    state = torch.load(path, weights_only=True)["data"] if os.path.isfile(path) else None
+    trainer.plain_data_state.load_state_dict(state)

@@ -273,7 +273,7 @@ def compute(trainer, reference: torch.nn.Module, source: str, loss_fn=None) -> R
     dataset = trainer.train_dataset
     with streams.own_share(accelerator, dataset):  # one pass of a stream: each rank its share, or dispatched
         loader = _loader(trainer, unaugmented(dataset))
-    ids, losses, forwards = [], [], 0
+    ids, losses, forwards, scored = [], [], 0, _FirstScored()
     start = time.perf_counter()
     devices = [args.device] if args.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
@@ -297,12 +297,35 @@ def compute(trainer, reference: torch.nn.Module, source: str, loss_fn=None) -> R
                 except ValueError as error:  # this rank's rows only: the gather makes every rank raise it
                     failure = naming_examples(error, batch_ids, column)
                     batch_losses = torch.full((len(batch_ids),), float("nan"))
-                forwards += batch_ids.shape[0]
-            all_ids, all_losses, _ = distributed.gather_pairs(accelerator, batch_ids, batch_losses, failure)
+            all_ids, all_losses, own = distributed.gather_pairs(accelerator, batch_ids, batch_losses, failure)
+            # A row the sampler repeated to even out the ranks' last batches is counted once, by its first scorer.
+            forwards += int(scored.first(all_ids)[own].sum())
             ids.append(all_ids.cpu())
             losses.append(all_losses.cpu())
     table = IrreducibleLosses.from_pairs(torch.cat(ids), torch.cat(losses))
     return ReferencePass(table, forwards, time.perf_counter() - start)
+
+
+class _FirstScored:
+    """Which of the ids every rank gathers, in the same order, are scored for the first time in the pass."""
+
+    def __init__(self):
+        self.seen = torch.zeros(0, dtype=torch.bool)
+
+    def first(self, ids: torch.Tensor) -> torch.Tensor:
+        """A mask of ``ids``: True where the id was neither gathered before nor earlier in ``ids``."""
+        if not ids.numel():
+            return torch.zeros(0, dtype=torch.bool)
+        if int(ids.max()) >= len(self.seen):
+            self.seen = torch.cat([self.seen, self.seen.new_zeros(int(ids.max()) + 1 - len(self.seen))])
+        unique, inverse = torch.unique(ids, return_inverse=True)
+        positions = torch.arange(len(ids))
+        earliest = torch.full((len(unique),), len(ids)).scatter_reduce(0, inverse, positions, "amin")
+        mask = torch.zeros(len(ids), dtype=torch.bool)
+        mask[earliest] = True
+        mask &= ~self.seen[ids]
+        self.seen[ids] = True
+        return mask
 
 
 def _smoothing(trainer) -> float:

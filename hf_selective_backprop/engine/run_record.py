@@ -33,9 +33,10 @@ from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import get_last_checkpoint
+from transformers.utils import CONFIG_NAME
 
 from ..losses import model_task
-from .checkpoints import STATE_FILE
+from .checkpoints import STATE_FILE, require_intact_selection_state
 from .indexing import IndexedDataset
 
 #: ``sb_*`` flags that decide nothing: the size of a selection forward (a resumed epoch skips rows,
@@ -171,8 +172,10 @@ def saved_record(checkpoint: str) -> dict | None:
 
 
 def check_model(checkpoint: str, model: torch.nn.Module) -> None:
-    """Refuse to load ``checkpoint``'s weights into another model: a raw size mismatch, or a silently other model."""
-    saved = (saved_record(checkpoint) or {}).get("model")
+    """Refuse to load ``checkpoint``'s weights into another model: a raw size mismatch, or a silently other model.
+    A checkpoint without the record (a run without selection's, or an earlier version's) is compared through the
+    config.json saved with its weights."""
+    saved = (saved_record(checkpoint) or {}).get("model") or _saved_config(checkpoint)
     if not saved:
         return
     current = describe_model(model)
@@ -184,6 +187,23 @@ def check_model(checkpoint: str, model: torch.nn.Module) -> None:
             + "\nThe checkpoint's weights and optimizer state fit the saved model. Resume with a model built as the "
             f"saved one (its config.json is in {checkpoint}), or start a new run without resume_from_checkpoint."
         )
+
+
+def _saved_config(checkpoint: str) -> dict | None:
+    """`describe_model`'s fields as the checkpoint's config.json holds them; None without one."""
+    try:
+        with open(os.path.join(checkpoint, CONFIG_NAME)) as handle:
+            config = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    saved = {name: _plain(config[name]) for name in MODEL_FIELDS if config.get(name) is not None}
+    if isinstance(config.get("architectures"), list) and len(config["architectures"]) == 1:
+        saved["class"] = config["architectures"][0]
+    if isinstance(config.get("id2label"), dict):
+        saved["num_labels"] = len(config["id2label"])  # compared for a classifier only (describe_model)
+    return saved
 
 
 def check_model_flags(checkpoint: str | None, flags: dict) -> None:
@@ -282,19 +302,21 @@ def check(saved: dict | None, current: dict, checkpoint: str) -> None:
         )
 
 
-def check_without_selection(checkpoint: str | bool, args) -> None:
+def check_without_selection(checkpoint: str | bool, args) -> str | None:
     """Refuse what a run without selection (``args``) cannot continue: a selective run's checkpoint (the plain
     Trainer would skip batches by its step count, not the rows selection read), or one of another budget (the
-    share of the full run's steps its learning-rate schedule spans). ``True`` is the Trainer's last checkpoint."""
+    share of the full run's steps its learning-rate schedule spans). ``True`` is the Trainer's last checkpoint.
+    Returns the checkpoint checked (None: none to resume from)."""
     if checkpoint is True:
         checkpoint = get_last_checkpoint(args.output_dir) if os.path.isdir(args.output_dir) else None
     if not checkpoint:
-        return
+        return None
     path = os.path.join(checkpoint, STATE_FILE)
     if os.path.isfile(path):
         saved = torch.load(path, weights_only=True).get("run")
         strategy = repr(saved["selection"]["sb_strategy"]) if saved else "a selective strategy"
         _refuse(checkpoint, [f"--sb_strategy: saved {strategy}, now 'none'"])
+    require_intact_selection_state(checkpoint)  # one without its sb_state.pt: damaged, and a selective run's
     saved, now = (PlainRunRecord.saved(checkpoint) or {}).get("budget") or {}, _budget_settings(args) or {}
     wrong = []
     if not _same(saved.get("sb_budget"), now.get("sb_budget")):
@@ -309,6 +331,7 @@ def check_without_selection(checkpoint: str | bool, args) -> None:
             f"run from the checkpoint's weights (load the model from {checkpoint}, e.g. with from_pretrained, and "
             "train without resume_from_checkpoint)."
         )
+    return checkpoint
 
 
 def _same(saved, value) -> bool:

@@ -23,11 +23,12 @@ def resume_target(trainer, resume_from_checkpoint: str | bool | None):
     """The checkpoint ``trainer.train()`` resumes from, checked before anything trains. Selecting, ``True`` is the
     last *complete* checkpoint-N (transformers picks the highest, even one a killed run left half written), and a
     checkpoint of another model is refused before its weights are loaded; without selection, a selective run's
-    checkpoint, or one of another budget, is refused (`run_record.check_without_selection`)."""
+    checkpoint, or one of another budget or model, is refused (`run_record.check_without_selection`)."""
     output_dir = trainer.args.output_dir
     if trainer.selector is None:
-        if resume_from_checkpoint:
-            run_record.check_without_selection(resume_from_checkpoint, trainer.args)
+        checkpoint = run_record.check_without_selection(resume_from_checkpoint, trainer.args)
+        if checkpoint is not None:
+            run_record.check_model(checkpoint, trainer.accelerator.unwrap_model(trainer.model))
         return resume_from_checkpoint
     if resume_from_checkpoint is True:
         resume_from_checkpoint = require_complete_checkpoint(output_dir)

@@ -166,7 +166,9 @@ class SelectiveBackpropMixin:
 
     def get_train_dataloader(self):
         if self.selector is None:
-            return follow_plain_loader(self, super().get_train_dataloader())
+            with record_setup.ids_kept(self):
+                loader = super().get_train_dataloader()
+            return follow_plain_loader(self, loader)
         if self.train_dataset is not None and has_length(self.train_dataset) and len(self.train_dataset) == 0:
             raise ValueError("the training dataset is empty")
         # The loader yields selection batches; training batches are assembled from them.

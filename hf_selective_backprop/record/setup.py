@@ -3,6 +3,7 @@ record chooses (``--sb_subset_from``): ids on the training rows, the collator ke
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import numpy
@@ -11,6 +12,7 @@ from datasets import Dataset as HFDataset
 from torch.utils.data import IterableDataset, Subset
 
 from ..engine.indexing import ids_by_position, keeping_ids, refuse_index_column_the_model_reads, with_index_column
+from ..engine.packing import swapped
 from .files import load_record
 from .keeper import RecordCallback
 from .pruning import kept_ids
@@ -52,10 +54,16 @@ def prepare(trainer, record) -> bool:
         trainer.train_dataset = dataset
     if not keeps:
         return False
-    if trainer.selector is None:  # the selective path's loader keeps them already
-        trainer.data_collator = keeping_ids(trainer.data_collator, column)
     trainer.add_callback(RecordCallback(trainer))
     return True
+
+
+def ids_kept(trainer):
+    """While a run without selection builds its training loader: the collator keeps the id column (the selective
+    path's loader keeps it already). Only then: the collator itself, whose random state a checkpoint saves, stays."""
+    if not trainer._records or trainer.selector is not None:
+        return contextlib.nullcontext()
+    return swapped(trainer, "data_collator", keeping_ids(trainer.data_collator, trainer.args.sb_index_column))
 
 
 def _model_leaves_ids(trainer, column: str) -> bool:

@@ -315,7 +315,9 @@ def test_a_run_without_selection_resumes_its_augmentation_exactly_in_two_process
              "--save-steps", "3"]
     finished = _launch(tmp_path / "finished", plain)
     checkpoint = tmp_path / "finished" / "trainer" / "checkpoint-3"  # mid-epoch, a batch loaded ahead on each rank
-    assert {path.name for path in checkpoint.glob("sb_*")} == {"sb_data_state_0.pt", "sb_data_state_1.pt"}
+    # Each rank's pipeline state, and the example record (one for both: every rank holds the same).
+    assert {path.name for path in checkpoint.glob("sb_*")} == {"sb_data_state_0.pt", "sb_data_state_1.pt",
+                                                                "sb_record.pt"}
     resumed = _launch(tmp_path / "resumed", plain + ["--resume", str(checkpoint)])
     for a, b in zip(finished, resumed, strict=True):
         assert a["global_step"] == b["global_step"] == 32

@@ -29,6 +29,7 @@ from .engine.indexing import keeping_ids, prepare_training_dataset
 from .engine.padding import queue_padding
 from .engine.run_length import RunLength
 from .engine.scoring import SelectionScorer, selection_model
+from .engine.stall_guard import StallGuard
 from .losses import model_task, per_example_loss_for, weighted_loss
 from .lr_schedule import schedule_for
 from .selectors import build_selector
@@ -86,6 +87,7 @@ class SelectiveBackpropMixin:
             return  # the Trainer itself, callbacks, rotation and checkpoint files included
         self._step_extras = StepExtras(self.args.sb_index_column)
         self.add_callback(rotation.RunCheckpoints())
+        StallGuard.attach(self)  # warns once if selection holds a classifier at chance
         parallelism.refuse_unsupported(self)
         if self.selector.produces_weights:
             self.loss_scale_rule.check(self)  # an upstream that scales otherwise fails here, not in the gradients

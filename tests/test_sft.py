@@ -35,7 +35,9 @@ def tokenizer():
 
 
 def config(output_dir, config_class=SelectiveBackpropSFTConfig, **overrides):
-    return config_class(output_dir, **{**SETTINGS, **overrides})
+    """TRL's SFTConfig, or the selective one with Selective-Backprop itself unless ``overrides`` name a strategy."""
+    selective = {"sb_strategy": "sb"} if config_class is SelectiveBackpropSFTConfig else {}
+    return config_class(output_dir, **{**SETTINGS, **selective, **overrides})
 
 
 def trainer_for(output_dir, tokenizer, data, trainer_class=SelectiveBackpropSFTTrainer, **overrides):
@@ -143,8 +145,8 @@ def test_two_processes_select_in_lockstep(tmp_path, layout):
 def test_the_sft_script_trains_offline_and_writes_model_tokenizer_and_card(review_folder, tmp_path, monkeypatch):
     out = tmp_path / "sft"
     monkeypatch.setattr(sys, "argv", [
-        "train_sft.py", "--dataset", str(review_folder), "--text_column", "review", "--sb_keep", "0.5",
-        "--vocab_size", "60", "--num_layers", "1", "--hidden_size", "16", "--num_heads", "2",
+        "train_sft.py", "--dataset", str(review_folder), "--text_column", "review", "--sb_strategy", "sb",
+        "--sb_keep", "0.5", "--vocab_size", "60", "--num_layers", "1", "--hidden_size", "16", "--num_heads", "2",
         "--intermediate_size", "32", "--max_length", "16", "--per_device_train_batch_size", "16",
         "--use_cpu", "--disable_tqdm", "true", "--dataset_num_proc", "1", "--output_dir", str(out),
     ])
@@ -167,10 +169,10 @@ def test_the_sft_script_trains_label_completions_scored_on_the_answer_alone(revi
     out = tmp_path / "sft"
     monkeypatch.setattr(sys, "argv", [
         "train_sft.py", "--dataset", str(review_folder), "--text_column", "review", "--label_column", "sentiment",
-        "--completion_from_label", "true", "--sb_keep", "0.5", "--vocab_size", "60", "--num_layers", "1",
-        "--hidden_size", "16", "--num_heads", "2", "--intermediate_size", "32", "--max_length", "64",
-        "--per_device_train_batch_size", "16", "--use_cpu", "--disable_tqdm", "true", "--dataset_num_proc", "1",
-        "--output_dir", str(out),
+        "--completion_from_label", "true", "--sb_strategy", "sb", "--sb_keep", "0.5", "--vocab_size", "60",
+        "--num_layers", "1", "--hidden_size", "16", "--num_heads", "2", "--intermediate_size", "32",
+        "--max_length", "64", "--per_device_train_batch_size", "16", "--use_cpu", "--disable_tqdm", "true",
+        "--dataset_num_proc", "1", "--output_dir", str(out),
     ])
     runpy.run_path(str(ROOT / "scripts" / "train_sft.py"), run_name="__main__")
     stats = json.loads((out / "sb_stats.json").read_text())

@@ -19,6 +19,7 @@ from transformers.trainer_utils import has_length
 from .data.specs import KNOWN_DATASETS
 from .engine.accounting import full_pass_summary
 from .engine.budget import PHI_COST_MODEL, PHI_GIVEN, PHI_MEASURED, PHI_MEASURING, PHI_NOT_MEASURED
+from .engine.distributed import sum_over_processes
 
 TEMPLATE_PATH = Path(str(files(__package__).joinpath("templates", "selective_backprop.md")))
 TASKS = {
@@ -173,11 +174,13 @@ def write_trainer_card(
     ``eval_accuracy`` in the log history, hyperparameters and the evaluation table as the Trainer
     writes them. The dataset is the first of ``dataset_tags``/``dataset`` with a Hub id, or when
     neither is given the one the training set was loaded from, if it is known. Returns None on
-    processes other than the main one, which write nothing.
+    processes other than the main one, which write nothing. During training (TRL's SFTTrainer writes the
+    card at every checkpoint) every process must call it: the costs so far are summed over them.
     """
     from transformers.modelcard import extract_hyperparameters_from_trainer, parse_log_history
     from transformers.trainer_utils import has_length
 
+    costs = training_costs(trainer)  # before the main-process check: during training it is a collective
     if not trainer.is_world_process_zero():
         return None
     model = trainer.model
@@ -192,7 +195,7 @@ def write_trainer_card(
         trainer.args,
         architecture=_architecture(model),
         model_class=type(model).__name__,
-        stats=training_costs(trainer),
+        stats=costs,
         task=task,
         # A trainer's own tags too: TRL's SFTTrainer tags its models "trl" and "sft".
         tags=[*(["timm"] if is_timm else []), *getattr(trainer, "_tag_names", []), *_listify(tags),
@@ -216,12 +219,20 @@ def write_trainer_card(
 
 def training_costs(trainer) -> dict:
     """What the run cost: the trainer's ``sb_stats``, or the full-pass counters of a run without
-    selection (whose trainer, like transformers' Trainer, keeps none). Empty before training."""
+    selection (whose trainer, like transformers' Trainer, keeps none). Empty before training.
+
+    During a selective run the counters so far, summed over processes (a collective), with the kept rows still
+    queued: the card of its last checkpoint, at the run's end, holds the run's costs."""
     if getattr(trainer, "sb_stats", None):
         return dict(trainer.sb_stats)
+    if getattr(trainer, "selector", None) is not None and trainer.is_in_train:
+        queued = sum_over_processes(trainer.accelerator, {"rows": len(trainer.engine.queue)})["rows"]
+        return {**trainer.selection_summary(), "queued_at_end": int(queued)}
     state = trainer.state
     runtime = next((entry["train_runtime"] for entry in reversed(state.log_history) if "train_runtime" in entry), None)
-    if trainer.args.sb_strategy != "none" or runtime is None or not has_length(trainer.train_dataset):
+    if trainer.args.sb_strategy != "none" or not has_length(trainer.train_dataset):
+        return {}
+    if runtime is None and not trainer.is_in_train:  # not trained yet (during training: its wall time is unknown)
         return {}
     summary = full_pass_summary(state.global_step, state.epoch or 0.0, len(trainer.train_dataset), runtime)
     if trainer.args.sb_budget is not None:

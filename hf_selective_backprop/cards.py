@@ -89,6 +89,7 @@ def render_model_card(
     language: str | list[str] | None = None,
     license: str | None = None,
     template: str | os.PathLike | None = None,
+    package_network: bool = False,
 ) -> Path:
     """Write the Selective-Backprop card as ``README.md`` into ``output_dir`` and return its path.
 
@@ -100,6 +101,8 @@ def render_model_card(
     ``eval_lines`` are the Trainer's own sections (see `write_trainer_card`). The results headline is the
     run's own metric: ``accuracy``, else ``token_accuracy`` (SFT's mean token accuracy), else ``eval_loss``.
     ``library_versions`` adds to the versions listed (a trainer's own library, such as TRL).
+    ``package_network``: ``architecture`` is one of this package's timm networks (`cifar_nets`), which load only
+    once the package is imported: the card's snippet imports it.
     """
     if task not in TASKS:
         raise ValueError(f"task {task!r} has no card: choose from {', '.join(TASKS)}")
@@ -148,6 +151,7 @@ def render_model_card(
         hyperparameters=dict(hyperparameters or {}),
         eval_table=_markdown_table(eval_lines),
         versions={**_versions(), **(library_versions or {})},
+        package_network=package_network,
     )
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / "README.md"
@@ -214,6 +218,7 @@ def write_trainer_card(
         eval_lines=eval_lines,
         language=language,
         license=license,
+        package_network=type(getattr(model, "timm_model", None)).__module__ == f"{__package__}.cifar_nets",
     )
 
 

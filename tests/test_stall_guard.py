@@ -123,6 +123,7 @@ def test_the_guard_stays_silent_fine_tuning_an_image_classifier(output_dir):
                                        train_dataset=brightest_channel_images(256, seed=1),
                                        eval_dataset=brightest_channel_images(128, seed=2))
     assert any(isinstance(callback, StallGuard) for callback in trainer.callback_handler.callbacks)
+    trainer.evaluate()  # before training: no observation
     stalls = train_recording_stalls(trainer)
     assert not stalls, [str(w.message) for w in stalls]
     assert trainer.sb_stats["kept"] < trainer.sb_stats["considered"]  # it selected

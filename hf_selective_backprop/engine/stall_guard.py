@@ -30,48 +30,52 @@ class SelectionStallWarning(UserWarning):
     """Selection seems to hold the model at chance (`StallGuard`)."""
 
 
-def chance_loss(model) -> float | None:
-    """ln(K), the cross-entropy of a uniform answer over K labels, for a single-label classifier whose config
-    names K; None for any other model."""
+def label_count(model) -> int | None:
+    """K, the labels of a single-label classifier whose config names them; None for any other model."""
     config = getattr(model, "config", None)
     labels = getattr(config, "num_labels", None)
     if model_task(model) != "classification" or not isinstance(labels, int) or labels < 2:
         return None
     if getattr(config, "problem_type", None) in ("regression", "multi_label_classification"):
         return None
-    return math.log(labels)
+    return labels
 
 
 class StallGuard(TrainerCallback):
     """Warns once when a classifier's training loss (the kept rows') and evaluation loss stay at ln(K) over
     `STALL_SHARE` of the run while selection runs."""
 
-    def __init__(self, trainer, chance: float):
+    def __init__(self, trainer, labels: int):
         self.trainer = trainer
-        self.chance = chance
+        self.labels = labels
+        self.chance = math.log(labels)  # the cross-entropy of a uniform answer
         self.warned = False
+        self._start(considered=0, step=0)
 
     @classmethod
     def attach(cls, trainer) -> None:
         """Watch ``trainer``'s runs when its strategy ranks rows by the current model's loss (the selection
         forward's) and its model is a classifier: the case that stalled. InfoBatch and uniform do not rank so."""
-        chance = chance_loss(trainer.accelerator.unwrap_model(trainer.model))
-        if trainer.selector.needs_losses and chance is not None:
-            trainer.add_callback(cls(trainer, chance))
+        labels = label_count(trainer.accelerator.unwrap_model(trainer.model))
+        if trainer.selector.needs_losses and labels is not None:
+            trainer.add_callback(cls(trainer, labels))
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        self._considered = self.trainer.engine.stats.considered  # restored from a checkpoint on resume
-        self._last_step = state.global_step
+    def _start(self, considered: int, step: int) -> None:
+        self._considered, self._last_step = considered, step
         self._selecting = False
         self._stretch_start: int | None = None
         self._observations = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        # The counters and step are a checkpoint's on resume.
+        self._start(self.trainer.engine.stats.considered, state.global_step)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
             self._observe(logs["loss"], "training loss of the rows it kept", args, state)
 
     def on_evaluate(self, args, state, control, metrics=None, **kwargs):
-        if metrics and "eval_loss" in metrics:
+        if metrics and "eval_loss" in metrics and self.trainer.is_in_train:  # not an evaluation before or after
             self._observe(metrics["eval_loss"], "evaluation loss", args, state)
 
     def _observe(self, loss: float, what: str, args, state) -> None:
@@ -95,14 +99,13 @@ class StallGuard(TrainerCallback):
                 warnings.warn(self._message(what, covered, args.sb_strategy), SelectionStallWarning, stacklevel=2)
 
     def _message(self, what: str, share: float, strategy: str) -> str:
-        labels = round(math.exp(self.chance))
         return (
-            f"selection seems to hold the model at chance: the {what} has stayed at ln({labels}) = {self.chance:.3f}, "
-            f"the loss of a uniform answer over {labels} labels, for {share:.0%} of the run while --sb_strategy "
-            f"{strategy} selected by the current model's loss. Fine-tuning a text classifier with a new head "
-            "(SST-2), SB at keep 1/3 and top-k at keep 1/2 stalled this way at a 50/50 answer and ended 9-17 points "
-            "below a random subset of their size: training on what the model now gets wrong pulls its answers back "
-            "to chance (docs/results.md). Use --sb_strategy infobatch (the default; it kept Traditional's accuracy "
-            "there), or a full first epoch (--sb_warmup_epochs 1), and compare with --sb_strategy uniform at the same "
-            "--sb_keep and with --sb_strategy none"
+            f"selection seems to hold the model at chance: the {what} has stayed at ln({self.labels}) = "
+            f"{self.chance:.3f}, the loss of a uniform answer over {self.labels} labels, for {share:.0%} of the run "
+            f"while --sb_strategy {strategy} selected by the current model's loss. Fine-tuning a text classifier "
+            "with a new head (SST-2), SB at keep 1/3 and top-k at keep 1/2 stalled this way at a 50/50 answer and "
+            "ended 9-17 points below a random subset of their size: training on what the model now gets wrong pulls "
+            "its answers back to chance (docs/results.md). Use --sb_strategy infobatch (the default; it kept "
+            "Traditional's accuracy there), or a full first epoch (--sb_warmup_epochs 1), and compare with "
+            "--sb_strategy uniform at the same --sb_keep and with --sb_strategy none"
         )

@@ -34,6 +34,16 @@ _LAZY = {
 }
 
 
+# The one eager import: the package's own timm networks (cifar_nets.py) are registered in timm wherever timm is
+# installed, so that a model saved from one reloads with from_pretrained in any process that imported the package.
+# After transformers' Trainer, which loads torchvision too, timm's import adds a fraction of a second.
+if importlib.util.find_spec("timm") is not None:
+    try:
+        from . import cifar_nets  # noqa: F401
+    except ImportError:  # a timm that cannot be imported: the workflows that need it say so; the library needs none
+        pass
+
+
 def __getattr__(name: str):
     if name in _TRL_NAMES and importlib.util.find_spec("trl") is None:
         raise ImportError(f"{name} needs TRL: pip install 'hf-selective-backprop[trl]'")

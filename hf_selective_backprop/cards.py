@@ -19,6 +19,7 @@ from transformers.trainer_utils import has_length
 from .data.specs import KNOWN_DATASETS
 from .engine.accounting import plain_run_summary
 from .engine.budget import PHI_COST_MODEL, PHI_GIVEN, PHI_MEASURED, PHI_MEASURING, PHI_NOT_MEASURED
+from .engine.distributed import sum_over_processes
 
 TEMPLATE_PATH = Path(str(files(__package__).joinpath("templates", "selective_backprop.md")))
 TASKS = {
@@ -89,6 +90,7 @@ def render_model_card(
     license: str | None = None,
     template: str | os.PathLike | None = None,
     record: Mapping[str, object] | None = None,
+    package_network: bool = False,
 ) -> Path:
     """Write the Selective-Backprop card as ``README.md`` into ``output_dir`` and return its path.
 
@@ -101,6 +103,8 @@ def render_model_card(
     run's own metric: ``accuracy``, else ``token_accuracy`` (SFT's mean token accuracy), else ``eval_loss``.
     ``library_versions`` adds to the versions listed (a trainer's own library, such as TRL). ``record`` describes
     the example record written beside the model (`record_summary`), if any.
+    ``package_network``: ``architecture`` is one of this package's timm networks (`cifar_nets`), which load only
+    once the package is imported: the card's snippet imports it.
     """
     if task not in TASKS:
         raise ValueError(f"task {task!r} has no card: choose from {', '.join(TASKS)}")
@@ -150,6 +154,7 @@ def render_model_card(
         eval_table=_markdown_table(eval_lines),
         versions={**_versions(), **(library_versions or {})},
         record=record,
+        package_network=package_network,
     )
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / "README.md"
@@ -176,10 +181,12 @@ def write_trainer_card(
     ``eval_accuracy`` in the log history, hyperparameters and the evaluation table as the Trainer
     writes them. The dataset is the first of ``dataset_tags``/``dataset`` with a Hub id, or when
     neither is given the one the training set was loaded from, if it is known. Returns None on
-    processes other than the main one, which write nothing.
+    processes other than the main one, which write nothing. During training (TRL's SFTTrainer writes the
+    card at every checkpoint) every process must call it: the costs so far are summed over them.
     """
     from transformers.modelcard import extract_hyperparameters_from_trainer, parse_log_history
 
+    costs = training_costs(trainer)  # before the main-process check: during training it is a collective
     if not trainer.is_world_process_zero():
         return None
     model = trainer.model
@@ -194,7 +201,7 @@ def write_trainer_card(
         trainer.args,
         architecture=_architecture(model),
         model_class=type(model).__name__,
-        stats=training_costs(trainer),
+        stats=costs,
         task=task,
         # A trainer's own tags too: TRL's SFTTrainer tags its models "trl" and "sft".
         tags=[*(["timm"] if is_timm else []), *getattr(trainer, "_tag_names", []), *_listify(tags),
@@ -214,6 +221,7 @@ def write_trainer_card(
         language=language,
         license=license,
         record=record_summary(trainer.args.output_dir, trainer.args.sb_index_column),
+        package_network=type(getattr(model, "timm_model", None)).__module__ == f"{__package__}.cifar_nets",
     )
 
 
@@ -241,12 +249,20 @@ def record_summary(output_dir: str | os.PathLike, id_column: str) -> dict | None
 
 def training_costs(trainer) -> dict:
     """What the run cost: the trainer's ``sb_stats`` (a run without selection has the full-pass counters). Empty
-    before training."""
+    before training.
+
+    During a selective run the counters so far, summed over processes (a collective), with the kept rows still
+    queued: the card of its last checkpoint, at the run's end, holds the run's costs."""
     if getattr(trainer, "sb_stats", None):
         return dict(trainer.sb_stats)
+    if getattr(trainer, "selector", None) is not None and trainer.is_in_train:
+        queued = sum_over_processes(trainer.accelerator, {"rows": len(trainer.engine.queue)})["rows"]
+        return {**trainer.selection_summary(), "queued_at_end": int(queued)}
     state = trainer.state
     runtime = next((entry["train_runtime"] for entry in reversed(state.log_history) if "train_runtime" in entry), None)
-    if trainer.args.sb_strategy != "none" or runtime is None:
+    if trainer.args.sb_strategy != "none":
+        return {}
+    if runtime is None and not trainer.is_in_train:  # not trained yet (during training: its wall time is unknown)
         return {}
     return plain_run_summary(trainer, runtime)
 

@@ -20,8 +20,8 @@ from transformers import (  # noqa: E402
     TimmWrapperForImageClassification,
 )
 
-# Registers the 32x32-native networks (cifar_resnet20, cifar_convnet_half, ...) as timm architectures.
-from . import cifar_nets  # noqa: E402,F401
+# The 32x32-native networks (cifar_resnet20, cifar_convnet_half, ...), registered as timm architectures.
+from . import cifar_nets  # noqa: E402
 from .engine.checkpoints import require_readable_model  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -169,6 +169,14 @@ def load_classifier(
             f"Hub id that could be loaded: {error}"
         ) from error
     kind = type(config).__name__
+    if isinstance(config, TimmWrapperConfig) and not timm.is_model(config.architecture):
+        # Transformers would say "upgrade timm", which cannot help a network registered by other code.
+        raise ValueError(
+            f"--model_name_or_path {name_or_path!r} is a timm {config.architecture!r}, which neither timm "
+            f"{timm.__version__} nor hf_selective_backprop (its networks: "
+            f"{', '.join(timm.list_models(module=cifar_nets.__name__.rsplit('.', 1)[-1]))}) registers: import the code "
+            "that registers it (timm's register_model) before loading, or install a timm release that has it"
+        )
     if type(config) not in MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING:
         raise ValueError(
             f"--model_name_or_path {name_or_path!r} is a {config.model_type!r} model ({kind}), not an image "

@@ -26,3 +26,6 @@ class SelectiveBackpropSeq2SeqTrainer(SelectiveBackpropMixin, Seq2SeqTrainer):
     """
 
     config_class_name = "SelectiveBackpropSeq2SeqConfig"
+
+    def default_arguments(self, model):
+        return SelectiveBackpropSeq2SeqConfig(output_dir="tmp_trainer")

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 import torch
 import trl
+from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
 from trl import SFTConfig, SFTTrainer
+from trl.trainer.utils import get_config_model_id
 
 from . import _compat
 from .config import SelectiveBackpropArguments
@@ -38,7 +40,22 @@ __all__ = ["SFTExampleLoss", "SelectiveBackpropSFTConfig", "SelectiveBackpropSFT
 
 @dataclass
 class SelectiveBackpropSFTConfig(SelectiveBackpropArguments, SFTConfig):
-    """TRL's `SFTConfig` plus the `sb_*` flags, for `SelectiveBackpropSFTTrainer`."""
+    """TRL's `SFTConfig` plus the `sb_*` flags, for `SelectiveBackpropSFTTrainer`.
+
+    ``bf16`` left unset is on where the hardware has bf16 (TRL turns it on whenever ``fp16`` is off, which
+    transformers then refuses on a CPU with "You need to assign use_cpu"), off on a CPU, as the Trainer trains.
+    """
+
+    def __post_init__(self):
+        accelerator_bf16 = is_torch_bf16_gpu_available() or is_torch_xla_available()
+        if self.bf16 is None:
+            self.bf16 = accelerator_bf16 and not self.use_cpu and not self.fp16
+        elif self.bf16 and not accelerator_bf16 and not self.use_cpu:
+            raise ValueError(
+                "--bf16 needs a GPU (or TPU) with bfloat16, which this machine lacks: leave --bf16 unset (or pass "
+                "--bf16 false) to train in float32, or add --use_cpu to train with bfloat16 autocast on the CPU"
+            )
+        super().__post_init__()
 
     def _validate_sb(self) -> None:
         super()._validate_sb()
@@ -117,6 +134,11 @@ class SelectiveBackpropSFTTrainer(SelectiveBackpropMixin, SFTTrainer):
             raise TypeError(f"{type(self).__name__} needs args of type SelectiveBackpropSFTConfig (SFTConfig with the "
                             f"sb_* fields), got {type(args).__name__}")
         super().__init__(model, args, *rest, **kwargs)
+
+    def default_arguments(self, model):
+        # TRL's own default, SFTConfig(f"{model name}-SFT"), with the sb_* fields.
+        name = model if isinstance(model, str) else get_config_model_id(model.config)
+        return SelectiveBackpropSFTConfig(f"{name.split('/')[-1]}-SFT")
 
     def _refuse_before_data(self, args, selector, per_example_loss_func) -> None:
         super()._refuse_before_data(args, selector, per_example_loss_func)

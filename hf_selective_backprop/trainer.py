@@ -9,6 +9,7 @@ start, `get_batch_samples` (selection batches in, exactly `gradient_accumulation
 
 from __future__ import annotations
 
+import logging
 import time
 from functools import partial
 
@@ -18,7 +19,7 @@ from transformers.trainer_utils import has_length
 
 from . import _compat, loss_check, parallelism
 from .cards import write_trainer_card
-from .config import check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
+from .config import SelectiveBackpropConfig, check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
 from .engine import SelectionEngine, budget, console, reference, rotation, run_record, state_files, streams
 from .engine.accounting import STATS_FILE, finish_plain_run, finish_run, logged_counters, run_summary
 from .engine.callback import SelectionFlowCallback
@@ -29,6 +30,7 @@ from .engine.indexing import keeping_ids, prepare_training_dataset
 from .engine.padding import queue_padding
 from .engine.run_length import RunLength
 from .engine.scoring import SelectionScorer, selection_model
+from .engine.stall_guard import StallGuard
 from .losses import model_task, per_example_loss_for, weighted_loss
 from .lr_schedule import schedule_for
 from .record import keeper as record_keeping
@@ -37,6 +39,8 @@ from .selectors import build_selector
 from .step_extras import StepExtras
 
 __all__ = ["STATS_FILE", "WEIGHT_KEY", "SelectiveBackpropMixin", "SelectiveBackpropTrainer"]
+
+logger = logging.getLogger(__name__)
 
 
 class SelectiveBackpropMixin:
@@ -76,6 +80,7 @@ class SelectiveBackpropMixin:
     plain_data_state: DataState | None = None
 
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
+        args, kwargs = self._with_default_arguments(args, kwargs)
         given = selective_arguments(args, kwargs)
         selector = build_selector(given) if given is not None else None
         # Before the Trainer's own refusal of a stream without max_steps, which does not name the budget.
@@ -96,6 +101,7 @@ class SelectiveBackpropMixin:
         if self.selector is None:
             return  # the Trainer itself, callbacks, rotation and checkpoint files included
         self.add_callback(rotation.RunCheckpoints())
+        StallGuard.attach(self)  # warns once if selection holds a classifier at chance
         parallelism.refuse_unsupported(self)
         if self.selector.produces_weights:
             self.loss_scale_rule.check(self)  # an upstream that scales otherwise fails here, not in the gradients
@@ -112,6 +118,21 @@ class SelectiveBackpropMixin:
         self.engine = self._build_engine()
         if per_example_loss_func is None:
             self._check_automatic_loss()
+
+    def _with_default_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """The constructor's arguments, with `default_arguments` where ``args`` is not given (or None), as `Trainer`
+        makes TrainingArguments(output_dir="tmp_trainer") when given none."""
+        if (args[1] if len(args) > 1 else kwargs.get("args")) is not None:
+            return args, kwargs
+        default = self.default_arguments(args[0] if args else kwargs.get("model"))
+        logger.info("No arguments passed, using %s(output_dir=%r).", type(default).__name__, default.output_dir)
+        if len(args) > 1:
+            return (args[0], default, *args[2:]), kwargs
+        return args, {**kwargs, "args": default}
+
+    def default_arguments(self, model):
+        """The arguments of a trainer given none: the Trainer's default, with the sb_* fields' defaults."""
+        return SelectiveBackpropConfig(output_dir="tmp_trainer")
 
     def _refuse_before_data(self, args, selector, per_example_loss_func) -> None:
         """What this trainer refuses before the wrapped trainer prepares its data (which can take long)."""

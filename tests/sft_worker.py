@@ -19,7 +19,7 @@ from hf_selective_backprop import SelectiveBackpropSFTConfig, SelectiveBackpropS
 
 def main(out: str, packed: bool) -> None:
     tokenizer = sft_tokenizer()
-    settings = dict(per_device_train_batch_size=4, gradient_accumulation_steps=2, num_train_epochs=3,
+    settings = dict(sb_strategy="sb", per_device_train_batch_size=4, gradient_accumulation_steps=2, num_train_epochs=3,
                     learning_rate=1e-2, sb_staleness=2, report_to=[], use_cpu=True, bf16=False, save_strategy="no",
                     disable_tqdm=True, seed=0, max_length=32)
     examples = 64

@@ -9,7 +9,26 @@ from hf_selective_backprop.selectors import strategy_names
 
 
 def make(**overrides):
-    return SelectiveBackpropConfig(output_dir="unused", report_to=[], use_cpu=True, **overrides)
+    """A config of Selective-Backprop itself unless ``overrides`` name another strategy."""
+    settings = {"sb_strategy": "sb", **overrides}
+    return SelectiveBackpropConfig(output_dir="unused", report_to=[], use_cpu=True, **settings)
+
+
+def test_the_default_strategy_is_infobatch_which_collapsed_no_measured_workload():
+    """The paper's 'sb' at keep 1/3 stalled at a 50/50 answer fine-tuning a text classifier (SST-2) and in SFT; the
+    default is the one strategy the benchmark record shows collapsing nothing, and its help says why."""
+    config = SelectiveBackpropConfig(output_dir="unused", report_to=[], use_cpu=True)
+    assert config.sb_strategy == "infobatch"
+    (parsed,) = HfArgumentParser(SelectiveBackpropConfig).parse_args_into_dataclasses(["--output_dir", "o"])
+    assert parsed.sb_strategy == "infobatch"
+    help_text = next(a.help for a in HfArgumentParser(SelectiveBackpropConfig)._actions if a.dest == "sb_strategy")
+    assert "Default: 'infobatch'" in help_text and "stalled at a 50/50 answer" in help_text
+    assert "docs/results.md" in help_text
+
+
+def test_a_keep_fraction_without_a_strategy_names_the_default_that_ignores_it():
+    with pytest.warns(UserWarning, match=r"--sb_keep 0.5 does not apply.*infobatch is the default strategy.*uniform"):
+        SelectiveBackpropConfig(output_dir="unused", report_to=[], use_cpu=True, sb_keep=0.5)
 
 
 @pytest.mark.parametrize(

@@ -463,3 +463,20 @@ def test_a_failed_save_without_an_os_error_names_the_file_and_the_free_space(tmp
 def test_sb_keep_given_to_infobatch_is_warned_of_as_not_applying(output_dir):
     with pytest.warns(UserWarning, match=r"--sb_keep 0.5 does not apply to --sb_strategy infobatch.*--sb_prune_ratio"):
         make_config(output_dir, sb_strategy="infobatch", sb_keep=0.5)
+
+
+@pytest.mark.parametrize("given", ["keyword", "positional None"])
+def test_without_arguments_the_trainer_makes_its_default_as_the_trainer_does(tmp_path, monkeypatch, given):
+    """Trainer(model=...) makes TrainingArguments(output_dir="tmp_trainer"); so does the selective trainer, with the
+    sb_* defaults, instead of refusing its own default arguments."""
+    monkeypatch.chdir(tmp_path)
+    data = make_dataset(64)
+    plain = Trainer(model=TinyClassifier(), train_dataset=data)
+    args = (TinyClassifier(),) if given == "keyword" else (TinyClassifier(), None)
+    ours = SelectiveBackpropTrainer(*args, train_dataset=data)
+    assert isinstance(ours.args, SelectiveBackpropConfig) and ours.args.sb_strategy == "infobatch"
+    assert ours.args.output_dir == plain.args.output_dir == "tmp_trainer"
+    for name in ("num_train_epochs", "learning_rate", "per_device_train_batch_size", "save_strategy", "report_to"):
+        assert getattr(ours.args, name) == getattr(plain.args, name), name
+    ours.train()
+    assert ours.sb_stats["optimizer_steps"] == ours.state.global_step > 0

@@ -34,7 +34,7 @@ def test_every_sb_field_has_help_and_a_row_on_the_page():
 
 def test_rows_carry_the_fields_defaults_and_choices():
     rendered = GENERATOR["render"]()
-    assert "| `--sb_strategy` | `str` | `sb` |" in rendered
+    assert "| `--sb_strategy` | `str` | `infobatch` |" in rendered
     assert "| `--sb_keep` | `float \\| None` | unset |" in rendered  # '|' escaped, or it would end the cell
     assert "One of: `eval`, `train`." in rendered  # sb_selection_mode's choices
     assert "CDF(loss)\\*\\*beta" in rendered  # '**' escaped, not rendered as bold

@@ -15,7 +15,7 @@ from hf_selective_backprop import (
     SelectiveBackpropSeq2SeqTrainer,
 )
 
-FLAGS = ["--output_dir", "out", "--use_cpu", "--sb_keep", "0.5", "--sb_staleness", "2"]
+FLAGS = ["--output_dir", "out", "--use_cpu", "--sb_strategy", "sb", "--sb_keep", "0.5", "--sb_staleness", "2"]
 
 
 def test_hf_argument_parser_reads_the_seq2seq_and_the_sb_flags():
@@ -57,7 +57,7 @@ class MyTrainer(SelectiveBackpropMixin, Trainer):
 
 def test_the_mixins_add_selection_to_a_users_own_trainer_and_arguments(output_dir):
     args = MyArguments(output_dir, use_cpu=True, report_to=[], per_device_train_batch_size=8, num_train_epochs=2,
-                       save_strategy="no", disable_tqdm=True, sb_keep=0.5)
+                       save_strategy="no", disable_tqdm=True, sb_strategy="sb", sb_keep=0.5)
     trainer = MyTrainer(model=TinyClassifier(), args=args, train_dataset=make_dataset(64))
     trainer.train()
     stats = trainer.sb_stats

@@ -64,8 +64,8 @@ def test_the_core_trains_and_writes_its_card_without_any_optional_dependency(tmp
 
         x = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
         data = Dataset.from_dict({"pixel_values": x.tolist(), "labels": (x[:, 0] > 0).long().tolist()})
-        args = SelectiveBackpropConfig("out", per_device_train_batch_size=8, num_train_epochs=2, sb_keep=0.5,
-                                       sb_staleness=2, use_cpu=True, report_to=[], save_strategy="no",
+        args = SelectiveBackpropConfig("out", per_device_train_batch_size=8, num_train_epochs=2, sb_strategy="sb",
+                                       sb_keep=0.5, sb_staleness=2, use_cpu=True, report_to=[], save_strategy="no",
                                        disable_tqdm=True)
         trainer = SelectiveBackpropTrainer(model=Tiny(), args=args, train_dataset=data.with_format("torch"))
         trainer.train()

@@ -43,7 +43,7 @@ def test_sft_with_a_lora_adapter_selects_sequences_and_trains_only_the_adapter(o
     were taken for one label per row, and the training forward failed on labels one column longer)."""
     args = SelectiveBackpropSFTConfig(output_dir, per_device_train_batch_size=4, num_train_epochs=2, learning_rate=1e-2,
                                       report_to=[], use_cpu=True, bf16=False, save_strategy="no", disable_tqdm=True,
-                                      seed=0, max_length=32, sb_keep=0.5)
+                                      seed=0, max_length=32, sb_strategy="sb", sb_keep=0.5)
     trainer = SelectiveBackpropSFTTrainer(model=sft_model(tokenizer), args=args, train_dataset=prompt_completion(64),
                                           processing_class=tokenizer, peft_config=LoraConfig(**LORA))
     frozen, adapter = frozen_and_adapter(trainer.model)

@@ -144,7 +144,7 @@ def test_train_script_pushes_the_card_and_checkpoints_only_when_asked(tmp_path, 
         "train.py", "--dataset", "digits", "--model", "resnet18", "--image_size", "16", "--max_train_samples", "128",
         "--max_eval_samples", "64", "--per_device_train_batch_size", "32", "--num_train_epochs", "1",
         "--output_dir", str(output_dir), "--use_cpu", "--disable_tqdm", "true", "--push_to_hub",
-        "--hub_model_id", "you/digits-sb", "--hub_strategy", hub_strategy,
+        "--hub_model_id", "you/digits-sb", "--hub_strategy", hub_strategy, "--sb_strategy", "sb",
     ])
     runpy.run_path(str(ROOT / "scripts" / "train.py"), run_name="__main__")
 

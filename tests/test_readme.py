@@ -1,10 +1,14 @@
-"""The README's Python example is complete: it imports what exists and uses no undefined name."""
+"""The README: its Python examples are complete, the offline one trains, and its first screen answers "should I
+use it, and with what?" per workload with numbers linked to the record."""
 
 import ast
 import builtins
 import importlib
 import importlib.util
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -41,7 +45,7 @@ def test_every_python_example_defines_what_it_uses_and_imports_what_exists():
 
 def test_the_readme_reads_in_two_minutes_and_keeps_what_a_newcomer_needs():
     text = README.read_text()
-    assert len(text.splitlines()) <= 160
+    assert len(text.splitlines()) <= 200
     needed = [
         "make demo", "make test",  # the two set-up commands
         "SelectiveBackpropTrainer(model=model", "AutoModelForImageClassification",  # the swap-in example
@@ -49,6 +53,29 @@ def test_the_readme_reads_in_two_minutes_and_keeps_what_a_newcomer_needs():
         "accelerate launch", "push_to_hub",
         "CIFAR-10", "CIFAR-100", "SVHN", "MNIST",
         "SelectiveBackpropSFTTrainer", "scripts/train_text.py",  # the TRL pair and the text workflow
-        "## Which strategy when",
+        "## Which strategy when", "## Should I use it, and with what?",
     ]
     assert [phrase for phrase in needed if phrase not in text] == []
+
+
+def test_the_first_screen_gives_a_verdict_per_workload_with_numbers_linked_to_the_record():
+    text = README.read_text()
+    start = text.index("## Should I use it, and with what?")
+    verdict = text[start:text.index("\n## ", start + 1)]
+    assert start < text.index("| workload |") and start < text.index("```")  # before the tables and the examples
+    bullets = verdict.split("\n- ")[1:]
+    workloads = ["image classifier", "text classifier", "SFT", "from scratch"]
+    assert [next((w for w in workloads if w in bullet.split(".")[0]), None) for bullet in bullets] == workloads
+    for bullet in bullets:
+        assert re.search(r"\d\.\d\dx", bullet), bullet  # a measured saving
+        assert re.search(r"\]\(docs/record/benchmarks\.md#[a-z0-9-]+\)", bullet), bullet  # linked to its section
+
+
+def test_the_offline_example_trains_without_the_network(tmp_path):
+    (block,) = [block for block in python_blocks() if "from_pretrained" not in block and "digits" in block]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    accuracy, backwards, _, seen = result.stdout.strip().splitlines()[-1].split()
+    assert float(accuracy) > 0.5 and 0 < int(backwards) < int(seen)  # it learned, and InfoBatch skipped rows

@@ -47,8 +47,8 @@ def test_selection_trains_encoder_decoder_models_on_repadded_targets(output_dir,
     trainer = RecordingTrainer(
         model=model, processing_class=tokenizer, train_dataset=reversal_data(tokenizer),
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
-        args=SelectiveBackpropSeq2SeqConfig(output_dir, sb_staleness=staleness, sb_selection_batch_size=8,
-                                            label_smoothing_factor=0.1, **SETTINGS),
+        args=SelectiveBackpropSeq2SeqConfig(output_dir, sb_strategy="sb", sb_staleness=staleness,
+                                            sb_selection_batch_size=8, label_smoothing_factor=0.1, **SETTINGS),
     )
     trainer.train()
     stats = trainer.sb_stats
@@ -88,7 +88,7 @@ def test_none_is_exactly_seq2seq_trainer(output_dir, tokenizer):
 
 def test_resume_with_queued_targets_of_different_lengths_reaches_the_same_weights(tmp_path, tokenizer):
     # Selection batches of 6 and steps of 4 leave rows of earlier batches queued at the checkpoint.
-    settings = dict(SETTINGS, sb_staleness=2, sb_selection_batch_size=6, num_train_epochs=3)
+    settings = dict(SETTINGS, sb_strategy="sb", sb_staleness=2, sb_selection_batch_size=6, num_train_epochs=3)
 
     def run(output_dir, resume=None, **extra):
         model = tiny_t5(tokenizer)

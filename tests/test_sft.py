@@ -35,7 +35,9 @@ def tokenizer():
 
 
 def config(output_dir, config_class=SelectiveBackpropSFTConfig, **overrides):
-    return config_class(output_dir, **{**SETTINGS, **overrides})
+    """TRL's SFTConfig, or the selective one with Selective-Backprop itself unless ``overrides`` name a strategy."""
+    selective = {"sb_strategy": "sb"} if config_class is SelectiveBackpropSFTConfig else {}
+    return config_class(output_dir, **{**SETTINGS, **selective, **overrides})
 
 
 def trainer_for(output_dir, tokenizer, data, trainer_class=SelectiveBackpropSFTTrainer, **overrides):
@@ -144,8 +146,8 @@ def test_two_processes_select_in_lockstep(tmp_path, layout):
 def test_the_sft_script_trains_offline_and_writes_model_tokenizer_and_card(review_folder, tmp_path, monkeypatch):
     out = tmp_path / "sft"
     monkeypatch.setattr(sys, "argv", [
-        "train_sft.py", "--dataset", str(review_folder), "--text_column", "review", "--sb_keep", "0.5",
-        "--vocab_size", "60", "--num_layers", "1", "--hidden_size", "16", "--num_heads", "2",
+        "train_sft.py", "--dataset", str(review_folder), "--text_column", "review", "--sb_strategy", "sb",
+        "--sb_keep", "0.5", "--vocab_size", "60", "--num_layers", "1", "--hidden_size", "16", "--num_heads", "2",
         "--intermediate_size", "32", "--max_length", "16", "--per_device_train_batch_size", "16",
         "--use_cpu", "--disable_tqdm", "true", "--dataset_num_proc", "1", "--output_dir", str(out),
     ])
@@ -168,10 +170,10 @@ def test_the_sft_script_trains_label_completions_scored_on_the_answer_alone(revi
     out = tmp_path / "sft"
     monkeypatch.setattr(sys, "argv", [
         "train_sft.py", "--dataset", str(review_folder), "--text_column", "review", "--label_column", "sentiment",
-        "--completion_from_label", "true", "--sb_keep", "0.5", "--vocab_size", "60", "--num_layers", "1",
-        "--hidden_size", "16", "--num_heads", "2", "--intermediate_size", "32", "--max_length", "64",
-        "--per_device_train_batch_size", "16", "--use_cpu", "--disable_tqdm", "true", "--dataset_num_proc", "1",
-        "--output_dir", str(out),
+        "--completion_from_label", "true", "--sb_strategy", "sb", "--sb_keep", "0.5", "--vocab_size", "60",
+        "--num_layers", "1", "--hidden_size", "16", "--num_heads", "2", "--intermediate_size", "32",
+        "--max_length", "64", "--per_device_train_batch_size", "16", "--use_cpu", "--disable_tqdm", "true",
+        "--dataset_num_proc", "1", "--output_dir", str(out),
     ])
     runpy.run_path(str(ROOT / "scripts" / "train_sft.py"), run_name="__main__")
     stats = json.loads((out / "sb_stats.json").read_text())
@@ -368,3 +370,52 @@ def test_the_sft_script_fits_max_length_to_the_models_positions(review_folder, t
                     "--max_length", "64", "--save_strategy", "no")
     assert "--max_length 64 is longer than the model takes" in caplog.text
     assert json.loads((tmp_path / "tuned" / "sb_stats.json").read_text())["backwards"] > 0
+
+
+def _bf16_hardware() -> bool:
+    from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+    return is_torch_bf16_gpu_available() or is_torch_xla_available()
+
+
+def test_without_arguments_the_sft_pair_makes_trls_default_and_trains_on_a_cpu(tmp_path, monkeypatch, tokenizer):
+    """SFTTrainer(model) makes SFTConfig("<model>-SFT"), whose bf16=True stopped a CPU run ("You need to assign
+    use_cpu"); the pair makes the same with the sb_* fields and bf16 only where the hardware has it."""
+    monkeypatch.chdir(tmp_path)
+    trainer = SelectiveBackpropSFTTrainer(sft_model(tokenizer), train_dataset=prompt_completion(16),
+                                          processing_class=tokenizer)
+    args = trainer.args
+    assert isinstance(args, SelectiveBackpropSFTConfig) and args.output_dir.endswith("-SFT")
+    assert args.bf16 == (_bf16_hardware() and not args.use_cpu)
+    trainer.train()
+    assert trainer.sb_stats["optimizer_steps"] == trainer.state.global_step > 0
+
+
+@pytest.mark.skipif(_bf16_hardware(), reason="this machine has bfloat16 hardware: --bf16 is accepted")
+def test_bf16_asked_for_on_a_cpu_says_exactly_what_to_set(output_dir):
+    with pytest.raises(ValueError, match=r"--bf16 needs a GPU .*leave --bf16 unset \(or pass --bf16 false\).*"
+                                         r"--use_cpu"):
+        SelectiveBackpropSFTConfig(output_dir, bf16=True)
+    assert SelectiveBackpropSFTConfig(output_dir, bf16=True, use_cpu=True).bf16  # bf16 autocast on the CPU, as asked
+
+
+def test_the_card_of_the_last_checkpoint_holds_the_runs_costs(output_dir, tokenizer):
+    """SFTTrainer writes the model card at every checkpoint, during training: the last one, at the run's end,
+    holds what the run cost (it read n/a in every cost row)."""
+    trainer = trainer_for(output_dir, tokenizer, prompt_completion(), save_strategy="epoch")
+    trainer.train()
+    text = (Path(output_dir) / "README.md").read_text()
+    stats = trainer.sb_stats
+    assert f"| backward passes (examples) | {stats['backwards']:,} |" in text
+    assert f"| selection forwards (examples) | {stats['selection_forwards']:,} |" in text
+    assert f"| optimizer steps | {stats['optimizer_steps']:,} |" in text
+    assert f"| kept rows left untrained when the run ended | {stats['queued_at_end']:,} |" in text
+
+
+def test_the_card_of_a_plain_runs_last_checkpoint_counts_its_full_passes(output_dir, tokenizer):
+    trainer = trainer_for(output_dir, tokenizer, prompt_completion(), sb_strategy="none", save_strategy="epoch")
+    trainer.train()
+    text = (Path(output_dir) / "README.md").read_text()
+    rows = trainer.args.num_train_epochs * len(trainer.train_dataset)
+    assert f"| backward passes (examples) | {rows:,} |" in text
+    assert f"| optimizer steps | {trainer.state.global_step:,} |" in text

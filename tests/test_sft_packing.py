@@ -17,9 +17,9 @@ from hf_selective_backprop.engine import packing  # noqa: E402
 from hf_selective_backprop.engine.queue import BatchQueue  # noqa: E402
 from hf_selective_backprop.losses import per_example_loss_for  # noqa: E402
 
-SETTINGS = dict(per_device_train_batch_size=2, num_train_epochs=2, learning_rate=1e-2, report_to=[], use_cpu=True,
-                bf16=False, save_strategy="no", disable_tqdm=True, seed=0, max_length=32, dataset_num_proc=None,
-                packing=True)
+SETTINGS = dict(sb_strategy="sb", per_device_train_batch_size=2, num_train_epochs=2, learning_rate=1e-2, report_to=[],
+                use_cpu=True, bf16=False, save_strategy="no", disable_tqdm=True, seed=0, max_length=32,
+                dataset_num_proc=None, packing=True)
 
 
 @pytest.fixture(scope="module")

@@ -72,8 +72,10 @@ class TinyConv(TinyClassifier):
 
 
 def make_config(output_dir: str, **overrides) -> SelectiveBackpropConfig:
+    """The tests' settings; the strategy is Selective-Backprop itself unless ``overrides`` name another."""
     settings = dict(
         output_dir=output_dir,
+        sb_strategy="sb",
         per_device_train_batch_size=8,
         num_train_epochs=2,
         learning_rate=0.05,

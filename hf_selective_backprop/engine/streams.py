@@ -57,7 +57,7 @@ def check_training_data(args, selector: Selector, dataset) -> None:
         raise ValueError(
             f"--sb_strategy infobatch prunes and anneals by epochs, so it needs an epoch-based run: use "
             f"--num_train_epochs instead of --max_steps {args.max_steps} (a stream, which has no length, "
-            "anneals by steps instead)"
+            "anneals by steps instead), or another --sb_strategy (infobatch is the default)"
         )
     if not is_stream(dataset):
         return

@@ -112,7 +112,9 @@ from huggingface_hub import ModelCard
 run = Path(sys.argv[1], "run")
 text = (run / "README.md").read_text()
 card = ModelCard.load(run / "README.md")
-assert "selective-backprop" in card.data.tags and "Strategy: `sb`" in text, text[:2000]
+assert "selective-backprop" in card.data.tags and "Strategy: `infobatch`" in text, text[:2000]  # the default
+# The example record, and the card's section on it, from the installed package.
+assert (run / "example_record.parquet").is_file() and "## Example record" in text, text[-3000:]
 assert sys.argv[1] not in text, "a local path in the card"
 stats = json.loads((run / "sb_stats.json").read_text())
 assert f"| backward passes (examples) | {stats['backwards']:,} |" in text

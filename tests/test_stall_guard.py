@@ -5,8 +5,7 @@ import warnings
 
 import pytest
 import torch
-from datasets import Dataset
-from text_tiny import word_tokenizer
+from text_tiny import BAD, GOOD, NEUTRAL, sentiment_sentences, word_tokenizer
 from tiny import make_config
 from transformers import (
     BertConfig,
@@ -24,21 +23,6 @@ from hf_selective_backprop.data.text import tokenize
 from hf_selective_backprop.engine.stall_guard import SelectionStallWarning, StallGuard
 from hf_selective_backprop.models import ModelArguments, build_model
 
-GOOD, BAD, NEUTRAL = ["good", "great", "fine", "superb"], ["bad", "awful", "dull", "poor"], ["the", "film", "was", "a"]
-
-
-def sentences(n: int, seed: int) -> Dataset:
-    """Sentences of 2-14 words, labelled by whether good words outnumber bad ones."""
-    generator = torch.Generator().manual_seed(seed)
-    words = GOOD + BAD + NEUTRAL
-    texts, labels = [], []
-    for _ in range(n):
-        length = int(torch.randint(2, 15, (1,), generator=generator))
-        chosen = [words[int(i)] for i in torch.randint(0, len(words), (length,), generator=generator)]
-        texts.append(" ".join(chosen))
-        labels.append(int(sum(w in GOOD for w in chosen) > sum(w in BAD for w in chosen)))
-    return Dataset.from_dict({"text": texts, "label": labels})
-
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
@@ -53,7 +37,7 @@ def pretrained(tmp_path_factory):
     body = BertForMaskedLM(config)
     args = TrainingArguments(str(folder / "run"), num_train_epochs=3, per_device_train_batch_size=32,
                              learning_rate=3e-3, report_to=[], save_strategy="no", disable_tqdm=True, use_cpu=True)
-    Trainer(model=body, args=args, train_dataset=tokenize(sentences(1024, seed=1), tokenizer, "text", 32),
+    Trainer(model=body, args=args, train_dataset=tokenize(sentiment_sentences(1024, seed=1), tokenizer, "text", 32),
             data_collator=DataCollatorForLanguageModeling(tokenizer)).train()
     body.save_pretrained(folder)
     return folder, tokenizer
@@ -68,8 +52,8 @@ def fine_tune_text(pretrained, output_dir, **strategy):
                        logging_steps=4, eval_strategy="steps", eval_steps=16, **strategy)
     trainer = SelectiveBackpropTrainer(
         model=model, args=args, data_collator=DataCollatorWithPadding(tokenizer),
-        train_dataset=tokenize(sentences(1024, seed=1), tokenizer, "text", 32, label_column="label"),
-        eval_dataset=tokenize(sentences(200, seed=2), tokenizer, "text", 32, label_column="label"),
+        train_dataset=tokenize(sentiment_sentences(1024, seed=1), tokenizer, "text", 32, label_column="label"),
+        eval_dataset=tokenize(sentiment_sentences(200, seed=2), tokenizer, "text", 32, label_column="label"),
     )
     return trainer, train_recording_stalls(trainer)
 

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 from datasets import Dataset
-from text_tiny import word_tokenizer
+from text_tiny import sentiment_sentences, word_tokenizer
 from tiny import make_config
 from transformers import (
     BertConfig,
@@ -23,25 +23,10 @@ from hf_selective_backprop import SelectiveBackpropTrainer
 from hf_selective_backprop.data.text import tokenize, train_wordpiece_tokenizer
 from hf_selective_backprop.engine.checkpoints import RANK_STATE_FILE
 
-GOOD, BAD, NEUTRAL = ["good", "great", "fine", "superb"], ["bad", "awful", "dull", "poor"], ["the", "film", "was", "a"]
-
-
-def corpus(n: int = 160, seed: int = 0) -> Dataset:
-    """Sentences of 2-14 words; the label says whether good words outnumber bad ones."""
-    generator = torch.Generator().manual_seed(seed)
-    words = GOOD + BAD + NEUTRAL
-    texts, labels = [], []
-    for _ in range(n):
-        length = int(torch.randint(2, 15, (1,), generator=generator))
-        chosen = [words[int(i)] for i in torch.randint(0, len(words), (length,), generator=generator)]
-        texts.append(" ".join(chosen))
-        labels.append(int(sum(w in GOOD for w in chosen) > sum(w in BAD for w in chosen)))
-    return Dataset.from_dict({"text": texts, "label": labels})
-
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return train_wordpiece_tokenizer(iter([corpus()["text"]]), vocab_size=60, max_length=32)
+    return train_wordpiece_tokenizer(iter([sentiment_sentences()["text"]]), vocab_size=60, max_length=32)
 
 
 def classifier(tokenizer, seed: int = 0) -> BertForSequenceClassification:
@@ -60,11 +45,11 @@ def language_model(tokenizer, seed: int = 0) -> GPT2LMHeadModel:
 
 
 def classification_data(tokenizer, n: int = 160) -> Dataset:
-    return tokenize(corpus(n), tokenizer, "text", 32, label_column="label")
+    return tokenize(sentiment_sentences(n), tokenizer, "text", 32, label_column="label")
 
 
 def lm_data(tokenizer, n: int = 96) -> Dataset:
-    return tokenize(corpus(n), tokenizer, "text", 32)
+    return tokenize(sentiment_sentences(n), tokenizer, "text", 32)
 
 
 def weights(model):
@@ -187,7 +172,7 @@ def test_resume_with_queued_rows_of_different_lengths_reaches_the_same_weights(t
     # Selection batches of 6 and steps of 4 x 2 leave rows of earlier batches queued at every checkpoint. A vocabulary
     # of one id per word, the same in every process: a trained WordPiece one can differ between processes
     # (huggingface/tokenizers#1794), and with it the losses, the rows kept and what is queued at step 5.
-    tokenizer = word_tokenizer(corpus()["text"])
+    tokenizer = word_tokenizer(sentiment_sentences()["text"])
     settings = dict(sb_strategy="sb", sb_beta=1.0, per_device_train_batch_size=4, gradient_accumulation_steps=2,
                     sb_selection_batch_size=6, num_train_epochs=2, learning_rate=1e-3)
 

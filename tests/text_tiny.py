@@ -6,6 +6,7 @@ import csv
 from pathlib import Path
 
 import torch
+from datasets import Dataset
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
     BartConfig,
@@ -89,6 +90,23 @@ def write_review_folder(folder: Path) -> Path:
     write_split(folder / "train.csv", rows * 12)
     write_split(folder / "validation.csv", rows)
     return folder
+
+
+#: Words of the sentiment sentences below: which of the first two lists has more words in a sentence is its label.
+GOOD, BAD, NEUTRAL = ["good", "great", "fine", "superb"], ["bad", "awful", "dull", "poor"], ["the", "film", "was", "a"]
+
+
+def sentiment_sentences(n: int = 160, seed: int = 0) -> Dataset:
+    """Sentences of 2-14 words; the label says whether good words outnumber bad ones."""
+    generator = torch.Generator().manual_seed(seed)
+    words = GOOD + BAD + NEUTRAL
+    texts, labels = [], []
+    for _ in range(n):
+        length = int(torch.randint(2, 15, (1,), generator=generator))
+        chosen = [words[int(i)] for i in torch.randint(0, len(words), (length,), generator=generator)]
+        texts.append(" ".join(chosen))
+        labels.append(int(sum(w in GOOD for w in chosen) > sum(w in BAD for w in chosen)))
+    return Dataset.from_dict({"text": texts, "label": labels})
 
 
 def word_tokenizer(texts: list[str], max_length: int = 32) -> PreTrainedTokenizerFast:

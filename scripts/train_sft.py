@@ -10,7 +10,6 @@ WordPiece tokenizer is trained on the training split and a small GPT-2 is built 
 """
 
 import math
-import os
 from dataclasses import dataclass, field
 
 from accelerate import PartialState
@@ -27,7 +26,6 @@ from hf_selective_backprop.data.text import (
     train_wordpiece_tokenizer,
 )
 from hf_selective_backprop.engine import run_record
-from hf_selective_backprop.engine.accounting import STATS_FILE, write_stats
 from hf_selective_backprop.output_lock import claimed
 from hf_selective_backprop.text_models import (
     TextModelArguments,
@@ -170,8 +168,6 @@ def run(config, data_args: SFTDataArguments, model_args: TextModelArguments, che
     trainer.save_metrics("eval", metrics)
     data_read = {**training_data_size(trainer.train_dataset), "num_train_epochs": config.num_train_epochs}
     trainer.save_metrics("train", {**train_output.metrics, **data_read})
-    if config.should_save:  # every strategy's counters, Traditional's too, as scripts/train.py writes them
-        write_stats(stats, os.path.join(config.output_dir, STATS_FILE))
     card = {"dataset": data_args.dataset, "eval_split": data_args.eval_split, "tasks": "text-generation"}
     if config.should_save:
         trainer.create_model_card(**card)

@@ -11,7 +11,6 @@ Every flag: --help.
 """
 
 import math
-import os
 
 from accelerate import PartialState
 from transformers import (
@@ -32,7 +31,6 @@ from hf_selective_backprop.data.text import (
     train_wordpiece_tokenizer,
 )
 from hf_selective_backprop.engine import run_record
-from hf_selective_backprop.engine.accounting import STATS_FILE, write_stats
 from hf_selective_backprop.metrics import compute_metrics
 from hf_selective_backprop.output_lock import claimed
 from hf_selective_backprop.text_models import (
@@ -148,8 +146,6 @@ def run(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_arg
     card = {"dataset": data_args.dataset, "eval_split": data_args.eval_split, "tasks": PIPELINE_TAGS[data_args.task]}
     if config.should_save:
         trainer.create_model_card(**card)
-        if config.sb_strategy == "none":  # the trainer writes it for selective runs; comparisons read it for all
-            write_stats(stats, os.path.join(config.output_dir, STATS_FILE))
     if config.push_to_hub:
         name = hub_dataset_id(data_args.dataset) or data.dataset_id
         trainer.push_to_hub(commit_message=f"{config.sb_strategy} on {name}", **card)

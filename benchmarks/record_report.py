@@ -61,29 +61,50 @@ def pruning_rows(root: str) -> list[str]:
         f"Traditional ('full', {len(full)} seeds): {_mean_sd(bar_values)} % ({full_seconds:.0f} s); "
         f"lossless means at least {bar:.2f} %.", "",
         "| setting | seeds | accuracy (%) | lossless | second run: saving, examples | second run: saving, time | "
-        "end to end with its scoring run: saving, time |",
-        "|---|---|---|---|---|---|---|",
+        "end to end with its scoring run: saving, time | minus the random subset of the same size (points, "
+        "per seed) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    verdicts = []
     for name in sorted(runs, key=_setting_order):
         if name in ("full", "epoch1", "proxy"):
             continue
         seeds_done = runs[name]
         accuracies = [run["accuracy"] for run in seeds_done.values()]
-        examples, times, end_to_end = [], [], []
-        source = "full" if name.startswith("random") else SETTING.match(name)["source"]
-        for seed, run in seeds_done.items():
+        is_random = name.startswith("random")
+        random_runs = next((runs[other] for other in runs if other.startswith("random")
+                            and _setting_order(other)[0] == _setting_order(name)[0]), {})
+        examples, times, end_to_end, minus_random = [], [], [], []
+        for seed, run in sorted(seeds_done.items()):
             if seed not in full:
                 continue
             examples.append(full[seed]["backwards"] / run["backwards"])
             times.append(full[seed]["seconds"] / run["seconds"])
-            scoring = runs.get(source, {}).get(seed)
-            if scoring is not None and not name.startswith("random"):
+            # A random subset needs no scoring run: its end-to-end saving is its second run's.
+            scoring = {"seconds": 0.0} if is_random else runs.get(SETTING.match(name)["source"], {}).get(seed)
+            if scoring is not None:
                 end_to_end.append(full[seed]["seconds"] / (run["seconds"] + scoring["seconds"]))
-        lossless = "yes" if accuracies and statistics.mean(accuracies) >= bar else "no"
+            if not is_random and seed in random_runs:
+                minus_random.append(run["accuracy"] - random_runs[seed]["accuracy"])
+        lossless = bool(accuracies) and statistics.mean(accuracies) >= bar
+        against_random = "n/a" if not minus_random else (
+            f"{statistics.mean(minus_random):+.2f} ({', '.join(f'{value:+.2f}' for value in minus_random)})")
         lines.append(
-            f"| {name} | {len(seeds_done)} | {_mean_sd(accuracies)} | {lossless} | {_ratio(examples)} | "
-            f"{_ratio(times)} | {_ratio(end_to_end) if end_to_end else 'n/a (no scoring run)'} |"
+            f"| {name} | {len(seeds_done)} | {_mean_sd(accuracies)} | {'yes' if lossless else 'no'} | "
+            f"{_ratio(examples)} | {_ratio(times)} | {_ratio(end_to_end) if end_to_end else 'n/a (no scoring run)'} | "
+            f"{'-' if is_random else against_random} |"
         )
+        if not is_random and lossless:
+            random_accuracies = [run["accuracy"] for run in random_runs.values()]
+            random_lossless = bool(random_accuracies) and statistics.mean(random_accuracies) >= bar
+            verdicts.append(f"| {name} | {_ratio(times)} | {_ratio(end_to_end) if end_to_end else 'n/a'} | "
+                            f"{'yes' if random_lossless else 'no' if random_accuracies else 'not run'} |")
+    lines += ["", "Lossless settings, beside the random subset of the same size:", ""]
+    if verdicts:
+        lines += ["| setting | second run: saving, time | end to end: saving, time | random subset of the same "
+                  "size lossless |", "|---|---|---|---|", *verdicts]
+    else:
+        lines.append("None: no pruned run kept Traditional's accuracy.")
     return lines
 
 

@@ -6,7 +6,10 @@ Each workload trains from the same seed with the record off and on, alternately 
 a drift of the machine's speed falls on both; a run's step time is the mean over its steps after the first
 ``--warmup`` (two epoch ends, where the record gathers its events, fall inside that window). The table gives each
 pair's overhead (on / off - 1), their median and range, and the one-time cost of writing the table and data map
-for ``--write_examples`` examples at the end of a run. Synthetic inputs of the workloads' shapes: a step's cost does
+for ``--write_examples`` examples at the end of a run. Two runs' step times differ by a few percent from run to run
+whatever they do, so each run with the record on also clocks the time spent inside the record's own calls (the
+events it buffers and the flushes that apply them): on a CPU, where every call runs to its end before returning,
+that is the record's cost per step, free of the spread between runs. Synthetic inputs of the workloads' shapes: a step's cost does
 not depend on the pixel or token values. Timing is the point: run it on an otherwise idle machine.
 """
 
@@ -26,10 +29,40 @@ from transformers import BertConfig, BertForSequenceClassification, GPT2Config, 
 from harness.provenance import provenance
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
 from hf_selective_backprop.record.files import write_record
+from hf_selective_backprop.record.keeper import RecordKeeper
 from hf_selective_backprop.record.table import TRAINED, ExampleRecord
 
 #: workload -> (strategies timed, batch size, steps per epoch)
 WORKLOADS = {"image": (("none", "sb"), 128, 30), "text": (("none",), 32, 30), "sft": (("none",), 16, 30)}
+
+
+class RecordClock:
+    """Seconds spent inside RecordKeeper's calls that training makes (scored, trained, flush), while installed."""
+
+    CALLS = ("scored", "trained", "flush")
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._originals = {name: getattr(RecordKeeper, name) for name in self.CALLS}
+
+    def __enter__(self):
+        for name, original in self._originals.items():
+            setattr(RecordKeeper, name, self._timed(original))
+        return self
+
+    def __exit__(self, *exc):
+        for name, original in self._originals.items():
+            setattr(RecordKeeper, name, original)
+
+    def _timed(self, original):
+        def timed(keeper, *args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(keeper, *args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return timed
 
 
 class StepClock(TrainerCallback):
@@ -76,7 +109,8 @@ def _seeded(model_class, config):
     return model_class(config)
 
 
-def step_seconds(workload: str, strategy: str, record: bool, steps: int, warmup: int, folder: str) -> float:
+def step_seconds(workload: str, strategy: str, record: bool, steps: int, warmup: int, folder: str):
+    """A run's mean step time after ``warmup`` steps, and the record's own seconds per step over the whole run."""
     _, batch, per_epoch = WORKLOADS[workload]
     rows = batch * per_epoch
     make_model, data = _image_parts(rows) if workload == "image" else _token_parts(rows, workload)
@@ -87,8 +121,9 @@ def step_seconds(workload: str, strategy: str, record: bool, steps: int, warmup:
     )
     clock = StepClock()
     trainer = SelectiveBackpropTrainer(model=make_model(), args=args, train_dataset=data, callbacks=[clock])
-    trainer.train()
-    return (clock.ends[-1] - clock.ends[warmup - 1]) / (len(clock.ends) - warmup)
+    with RecordClock() as record_clock:
+        trainer.train()
+    return (clock.ends[-1] - clock.ends[warmup - 1]) / (len(clock.ends) - warmup), record_clock.seconds / steps
 
 
 def write_seconds(examples: int, folder: str) -> float:
@@ -118,30 +153,36 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         for workload in options.workloads.split(","):
             for strategy in WORKLOADS[workload][0]:
-                overheads, times = [], {False: [], True: []}
+                overheads, times, inside = [], {False: [], True: []}, []
                 for repeat in range(options.repeats):
                     pair = {}
                     for record in (False, True):
-                        seconds = step_seconds(workload, strategy, record, options.steps, options.warmup,
-                                               os.path.join(folder, f"{workload}-{strategy}-{repeat}-{record}"))
+                        seconds, record_seconds = step_seconds(
+                            workload, strategy, record, options.steps, options.warmup,
+                            os.path.join(folder, f"{workload}-{strategy}-{repeat}-{record}"))
                         pair[record] = seconds
                         times[record].append(seconds)
+                    inside.append(record_seconds / pair[True])
                     overheads.append(pair[True] / pair[False] - 1)
                     print(f"{workload} {strategy} pair {repeat}: off {pair[False] * 1e3:.1f} ms, "
-                          f"on {pair[True] * 1e3:.1f} ms a step ({100 * overheads[-1]:+.2f} %)", flush=True)
+                          f"on {pair[True] * 1e3:.1f} ms a step ({100 * overheads[-1]:+.2f} %), inside the record "
+                          f"{record_seconds * 1e3:.2f} ms a step ({100 * inside[-1]:.3f} %)", flush=True)
                 results.append({"workload": workload, "strategy": strategy, "off": times[False],
-                                "on": times[True], "overheads": overheads})
+                                "on": times[True], "overheads": overheads, "inside_record": inside})
                 rows.append(f"| {workload} | {strategy} | {statistics.median(times[False]) * 1e3:.1f} | "
                             f"{statistics.median(times[True]) * 1e3:.1f} | {100 * statistics.median(overheads):+.2f} % "
-                            f"({100 * min(overheads):+.2f} to {100 * max(overheads):+.2f}) |")
+                            f"({100 * min(overheads):+.2f} to {100 * max(overheads):+.2f}) | "
+                            f"{100 * statistics.median(inside):.3f} % ({100 * min(inside):.3f} to "
+                            f"{100 * max(inside):.3f}) |")
         written = write_seconds(options.write_examples, folder)
     report = [
         "# The example record's cost per training step", "",
         f"`{provenance()['command']}` at commit {provenance()['commit']}, {options.threads} torch threads, "
         f"{os.cpu_count()} CPUs. Median over {options.repeats} pairs of runs (off, on) of each pair's overhead, "
         "its range in brackets.", "",
-        "| workload | strategy | step, record off (ms) | step, record on (ms) | overhead: median (range) |",
-        "|---|---|---|---|---|", *rows, "",
+        "| workload | strategy | step, record off (ms) | step, record on (ms) | overhead: median (range) | "
+        "inside the record's calls, share of a step: median (range) |",
+        "|---|---|---|---|---|---|", *rows, "",
         f"Writing the table and data map of {options.write_examples:,} examples at the end of a run: {written:.2f} s.",
     ]
     os.makedirs(options.output, exist_ok=True)

@@ -1,10 +1,14 @@
 """The record benchmark's report (benchmarks/record_report.py) from run folders, and the label-issue metrics of
-benchmarks/label_issues.py."""
+benchmarks/label_issues.py, and bench_record.py's clock of the record's own calls."""
 
 import json
+import time
+from types import SimpleNamespace
 
 import numpy
 import pytest
+from bench_record import RecordClock
+from hf_selective_backprop.record.keeper import RecordKeeper
 from label_issues import auroc, ranking_metrics
 from record_report import pruning_rows
 
@@ -41,3 +45,13 @@ def test_auroc_and_precision_at_the_flip_count():
     metrics = ranking_metrics(numpy.array([0.9, 0.1, 0.8, 0.2, 0.3]), numpy.array([1, 0, 1, 0, 0], bool), flipped)
     assert metrics["precision_at_flips"] == 0.5 and metrics["recall_flagged"] == 0.5
     assert metrics["precision_flagged"] == 0.5 and metrics["auroc"] == pytest.approx(3 / 6)  # 0.9 beats 3, 0.1 none
+
+
+def test_the_record_clock_adds_up_the_time_inside_the_records_calls_and_puts_them_back():
+    original = RecordKeeper.flush
+    keeper = SimpleNamespace(feed=SimpleNamespace(flush=lambda record: time.sleep(0.05)), record=None)
+    with RecordClock() as clock:
+        RecordKeeper.flush(keeper)
+        RecordKeeper.flush(keeper)
+    assert 0.1 <= clock.seconds < 1.0
+    assert RecordKeeper.flush is original

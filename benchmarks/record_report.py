@@ -5,7 +5,7 @@ size, and label issues found by one run's record against cleanlab's K-fold confi
 
 Pruning: per setting (source, score, kept share) the accuracy over seeds (mean ± sd), the second run's saving against
 Traditional ('full') in examples trained (the cost model) and in wall time, and end to end with the scoring run's
-time added. Lossless: a mean at least Traditional's mean minus its sd. Label issues: precision at the true number of
+examples and time added. Lossless: a mean at least Traditional's mean minus its sd. Label issues: precision at the true number of
 flips, the flagged set's precision and recall, AUROC, and the training each method took.
 """
 
@@ -61,9 +61,9 @@ def pruning_rows(root: str) -> list[str]:
         f"Traditional ('full', {len(full)} seeds): {_mean_sd(bar_values)} % ({full_seconds:.0f} s); "
         f"lossless means at least {bar:.2f} %.", "",
         "| setting | seeds | accuracy (%) | lossless | second run: saving, examples | second run: saving, time | "
-        "end to end with its scoring run: saving, time | minus the random subset of the same size (points, "
-        "per seed) |",
-        "|---|---|---|---|---|---|---|---|",
+        "end to end with its scoring run: saving, examples | end to end: saving, time | minus the random subset "
+        "of the same size (points, per seed) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     verdicts = []
     for name in sorted(runs, key=_setting_order):
@@ -74,15 +74,17 @@ def pruning_rows(root: str) -> list[str]:
         is_random = name.startswith("random")
         random_runs = next((runs[other] for other in runs if other.startswith("random")
                             and _setting_order(other)[0] == _setting_order(name)[0]), {})
-        examples, times, end_to_end, minus_random = [], [], [], []
+        examples, times, end_to_end_examples, end_to_end, minus_random = [], [], [], [], []
         for seed, run in sorted(seeds_done.items()):
             if seed not in full:
                 continue
             examples.append(full[seed]["backwards"] / run["backwards"])
             times.append(full[seed]["seconds"] / run["seconds"])
             # A random subset needs no scoring run: its end-to-end saving is its second run's.
-            scoring = {"seconds": 0.0} if is_random else runs.get(SETTING.match(name)["source"], {}).get(seed)
+            scoring = {"seconds": 0.0, "backwards": 0} if is_random else (
+                runs.get(SETTING.match(name)["source"], {}).get(seed))
             if scoring is not None:
+                end_to_end_examples.append(full[seed]["backwards"] / (run["backwards"] + scoring["backwards"]))
                 end_to_end.append(full[seed]["seconds"] / (run["seconds"] + scoring["seconds"]))
             if not is_random and seed in random_runs:
                 minus_random.append(run["accuracy"] - random_runs[seed]["accuracy"])
@@ -91,18 +93,20 @@ def pruning_rows(root: str) -> list[str]:
             f"{statistics.mean(minus_random):+.2f} ({', '.join(f'{value:+.2f}' for value in minus_random)})")
         lines.append(
             f"| {name} | {len(seeds_done)} | {_mean_sd(accuracies)} | {'yes' if lossless else 'no'} | "
-            f"{_ratio(examples)} | {_ratio(times)} | {_ratio(end_to_end) if end_to_end else 'n/a (no scoring run)'} | "
-            f"{'-' if is_random else against_random} |"
+            f"{_ratio(examples)} | {_ratio(times)} | {_ratio(end_to_end_examples, 'n/a (no scoring run)')} | "
+            f"{_ratio(end_to_end, 'n/a')} | {'-' if is_random else against_random} |"
         )
         if not is_random and lossless:
             random_accuracies = [run["accuracy"] for run in random_runs.values()]
             random_lossless = bool(random_accuracies) and statistics.mean(random_accuracies) >= bar
-            verdicts.append(f"| {name} | {_ratio(times)} | {_ratio(end_to_end) if end_to_end else 'n/a'} | "
+            verdicts.append(f"| {name} | {_ratio(examples)} | {_ratio(times)} | {_ratio(end_to_end_examples, 'n/a')} | "
+                            f"{_ratio(end_to_end, 'n/a')} | "
                             f"{'yes' if random_lossless else 'no' if random_accuracies else 'not run'} |")
     lines += ["", "Lossless settings, beside the random subset of the same size:", ""]
     if verdicts:
-        lines += ["| setting | second run: saving, time | end to end: saving, time | random subset of the same "
-                  "size lossless |", "|---|---|---|---|", *verdicts]
+        lines += ["| setting | second run: saving, examples | second run: saving, time | end to end: saving, "
+                  "examples | end to end: saving, time | random subset of the same size lossless |",
+                  "|---|---|---|---|---|---|", *verdicts]
     else:
         lines.append("None: no pruned run kept Traditional's accuracy.")
     return lines
@@ -116,8 +120,8 @@ def _setting_order(name: str):
     return (float(match["keep"]), match["source"], match["score"])
 
 
-def _ratio(values: list[float]) -> str:
-    return f"{statistics.mean(values):.2f}x" if values else "n/a"
+def _ratio(values: list[float], missing: str = "n/a") -> str:
+    return f"{statistics.mean(values):.2f}x" if values else missing
 
 
 def label_issue_rows(root: str) -> list[str]:

@@ -1,16 +1,17 @@
 """What the example record (--sb_record) costs a training step, measured side by side with it off.
 
-    python benchmarks/bench_record.py [--workloads image,text,sft] [--repeats 3] [--threads 2]
+    python benchmarks/bench_record.py [--workloads image,text,sft] [--repeats 4] [--threads 2]
 
-Each workload trains from the same seed with the record off and on, alternately (off, on, off, on, ...), so that
-a drift of the machine's speed falls on both; a run's step time is the mean over its steps after the first
-``--warmup`` (two epoch ends, where the record gathers its events, fall inside that window). The table gives each
-pair's overhead (on / off - 1), their median and range, and the one-time cost of writing the table and data map
-for ``--write_examples`` examples at the end of a run. Two runs' step times differ by a few percent from run to run
-whatever they do, so each run with the record on also clocks the time spent inside the record's own calls (the
-events it buffers and the flushes that apply them): on a CPU, where every call runs to its end before returning,
-that is the record's cost per step, free of the spread between runs. Synthetic inputs of the workloads' shapes: a step's cost does
-not depend on the pixel or token values. Timing is the point: run it on an otherwise idle machine.
+Each workload trains from the same seed with the record off and on, in pairs whose order alternates (off then on,
+then on then off), so that a drift of the machine's speed falls on both; a run's step time is the mean over its
+steps after the first ``--warmup`` (two epoch ends, where the record gathers its events, fall inside that window).
+The table gives each pair's overhead (on / off - 1), their median and range, and the one-time cost of writing the
+table and data map for ``--write_examples`` examples at the end of a run. Two runs' step times differ by a few
+percent from run to run whatever they do, so each run with the record on also clocks the time spent inside the
+record's own calls (the events it buffers and the flushes that apply them): on a CPU, where every call runs to its
+end before returning, that is the record's cost per step, free of the spread between runs. Synthetic inputs of
+the workloads' shapes: a step's cost does not depend on the pixel or token values. Timing is the point: run it on
+an otherwise idle machine.
 """
 
 from __future__ import annotations
@@ -141,7 +142,9 @@ def write_seconds(examples: int, folder: str) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default="image,text,sft")
-    parser.add_argument("--repeats", type=int, default=3, help="pairs of runs (off, on) per workload and strategy")
+    parser.add_argument("--strategies", default="", help="only these of each workload's strategies (none,sb)")
+    parser.add_argument("--repeats", type=int, default=4,
+                        help="pairs of runs per workload and strategy, off first in even pairs and on first in odd")
     parser.add_argument("--steps", type=int, default=75, help="optimizer steps per run (two and a half epochs)")
     parser.add_argument("--warmup", type=int, default=10, help="steps left out of the timing")
     parser.add_argument("--threads", type=int, default=2)
@@ -152,21 +155,23 @@ def main() -> None:
     rows, results = [], []
     with tempfile.TemporaryDirectory() as folder:
         for workload in options.workloads.split(","):
-            for strategy in WORKLOADS[workload][0]:
+            for strategy in options.strategies.split(",") if options.strategies else WORKLOADS[workload][0]:
                 overheads, times, inside = [], {False: [], True: []}, []
                 for repeat in range(options.repeats):
                     pair = {}
-                    for record in (False, True):
+                    # Alternate which run goes first, so that a drift within a pair falls on both sides.
+                    for record in (False, True) if repeat % 2 == 0 else (True, False):
                         seconds, record_seconds = step_seconds(
                             workload, strategy, record, options.steps, options.warmup,
                             os.path.join(folder, f"{workload}-{strategy}-{repeat}-{record}"))
                         pair[record] = seconds
                         times[record].append(seconds)
-                    inside.append(record_seconds / pair[True])
+                        if record:
+                            inside.append(record_seconds / seconds)
                     overheads.append(pair[True] / pair[False] - 1)
                     print(f"{workload} {strategy} pair {repeat}: off {pair[False] * 1e3:.1f} ms, "
                           f"on {pair[True] * 1e3:.1f} ms a step ({100 * overheads[-1]:+.2f} %), inside the record "
-                          f"{record_seconds * 1e3:.2f} ms a step ({100 * inside[-1]:.3f} %)", flush=True)
+                          f"{100 * inside[-1]:.3f} % of a step", flush=True)
                 results.append({"workload": workload, "strategy": strategy, "off": times[False],
                                 "on": times[True], "overheads": overheads, "inside_record": inside})
                 rows.append(f"| {workload} | {strategy} | {statistics.median(times[False]) * 1e3:.1f} | "
@@ -178,8 +183,8 @@ def main() -> None:
     report = [
         "# The example record's cost per training step", "",
         f"`{provenance()['command']}` at commit {provenance()['commit']}, {options.threads} torch threads, "
-        f"{os.cpu_count()} CPUs. Median over {options.repeats} pairs of runs (off, on) of each pair's overhead, "
-        "its range in brackets.", "",
+        f"{os.cpu_count()} CPUs. Median over {options.repeats} pairs of runs (off and on, the order alternating) of "
+        "each pair's overhead, its range in brackets.", "",
         "| workload | strategy | step, record off (ms) | step, record on (ms) | overhead: median (range) | "
         "inside the record's calls, share of a step: median (range) |",
         "|---|---|---|---|---|---|", *rows, "",

@@ -14,6 +14,7 @@ Writes OUT/label_issues.json.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import time
@@ -80,11 +81,26 @@ def cross_validated_probabilities(config, data_args, model_args, folds: int):
     return train, probabilities, seconds
 
 
-def main() -> None:
+def train_script_defaults() -> dict:
+    """scripts/train.py's defaults (batch size, optimizer, ...): the folds must train as the record's run did, and
+    a bare TrainingArguments would give them batch 8 and AdamW."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "scripts", "train.py")
+    spec = importlib.util.spec_from_file_location("train_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.DEFAULTS
+
+
+def build_parser() -> HfArgumentParser:
     parser = HfArgumentParser((SelectiveBackpropConfig, DataArguments, ModelArguments))
+    parser.set_defaults(**train_script_defaults())
     parser.add_argument("--record", required=True, help="the noisy run's output folder")
     parser.add_argument("--folds", type=int, default=5)
-    config, data_args, model_args, options = parser.parse_args_into_dataclasses()
+    return parser
+
+
+def main() -> None:
+    config, data_args, model_args, options = build_parser().parse_args_into_dataclasses()
     from cleanlab.filter import find_label_issues
     from cleanlab.rank import get_label_quality_scores
 

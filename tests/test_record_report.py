@@ -8,9 +8,10 @@ from types import SimpleNamespace
 import numpy
 import pytest
 from bench_record import RecordClock
-from hf_selective_backprop.record.keeper import RecordKeeper
-from label_issues import auroc, ranking_metrics
+from label_issues import auroc, build_parser, ranking_metrics
 from record_report import pruning_rows
+
+from hf_selective_backprop.record.keeper import RecordKeeper
 
 
 def _run(folder, accuracy, seconds, backwards):
@@ -56,3 +57,10 @@ def test_the_record_clock_adds_up_the_time_inside_the_records_calls_and_puts_the
         RecordKeeper.flush(keeper)
     assert 0.1 <= clock.seconds < 1.0
     assert RecordKeeper.flush is original
+
+
+def test_the_cross_validation_trains_with_the_training_scripts_defaults(tmp_path):
+    config, *_ = build_parser().parse_args_into_dataclasses(
+        ["--output_dir", str(tmp_path), "--record", str(tmp_path), "--learning_rate", "0.05"])
+    assert config.per_device_train_batch_size == 128 and config.optim == "sgd"  # not TrainingArguments' 8 and AdamW
+    assert config.learning_rate == 0.05  # a flag given still wins

@@ -88,7 +88,7 @@ def pruning_rows(root: str) -> list[str]:
                 end_to_end.append(full[seed]["seconds"] / (run["seconds"] + scoring["seconds"]))
             if not is_random and seed in random_runs:
                 minus_random.append(run["accuracy"] - random_runs[seed]["accuracy"])
-        lossless = bool(accuracies) and statistics.mean(accuracies) >= bar
+        lossless = _lossless(accuracies, bar)
         against_random = "n/a" if not minus_random else (
             f"{statistics.mean(minus_random):+.2f} ({', '.join(f'{value:+.2f}' for value in minus_random)})")
         lines.append(
@@ -98,7 +98,7 @@ def pruning_rows(root: str) -> list[str]:
         )
         if not is_random and lossless:
             random_accuracies = [run["accuracy"] for run in random_runs.values()]
-            random_lossless = bool(random_accuracies) and statistics.mean(random_accuracies) >= bar
+            random_lossless = _lossless(random_accuracies, bar)
             verdicts.append(f"| {name} | {_ratio(examples)} | {_ratio(times)} | {_ratio(end_to_end_examples, 'n/a')} | "
                             f"{_ratio(end_to_end, 'n/a')} | "
                             f"{'yes' if random_lossless else 'no' if random_accuracies else 'not run'} |")
@@ -118,6 +118,10 @@ def _setting_order(name: str):
         keep = float(name.rsplit("keep", 1)[1]) if "keep" in name else 1.0
         return (keep, "", "")
     return (float(match["keep"]), match["source"], match["score"])
+
+
+def _lossless(accuracies: list[float], bar: float) -> bool:
+    return bool(accuracies) and statistics.mean(accuracies) >= bar
 
 
 def _ratio(values: list[float], missing: str = "n/a") -> str:

@@ -14,7 +14,6 @@ Writes OUT/label_issues.json.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import os
 import time
@@ -27,6 +26,7 @@ from harness.provenance import provenance
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer, record
 from hf_selective_backprop.data import DataArguments, ImageTensorDataset, load_image_data
 from hf_selective_backprop.models import ModelArguments, build_model
+from hf_selective_backprop.workflow import IMAGE_TRAINING_DEFAULTS
 
 
 def auroc(scores: numpy.ndarray, positives: numpy.ndarray) -> float:
@@ -81,19 +81,10 @@ def cross_validated_probabilities(config, data_args, model_args, folds: int):
     return train, probabilities, seconds
 
 
-def train_script_defaults() -> dict:
-    """scripts/train.py's defaults (batch size, optimizer, ...): the folds must train as the record's run did, and
-    a bare TrainingArguments would give them batch 8 and AdamW."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "scripts", "train.py")
-    spec = importlib.util.spec_from_file_location("train_script", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.DEFAULTS
-
-
 def build_parser() -> HfArgumentParser:
     parser = HfArgumentParser((SelectiveBackpropConfig, DataArguments, ModelArguments))
-    parser.set_defaults(**train_script_defaults())
+    # The folds train as the record's run did: a bare TrainingArguments would give them batch 8 and AdamW.
+    parser.set_defaults(**IMAGE_TRAINING_DEFAULTS)
     parser.add_argument("--record", required=True, help="the noisy run's output folder")
     parser.add_argument("--folds", type=int, default=5)
     return parser

@@ -32,6 +32,22 @@ from .trainer import SelectiveBackpropTrainer
 logger = logging.getLogger(__name__)
 #: The ids --holdout_fraction set aside, written into --output_dir.
 HOLDOUT_FILE = "holdout.json"
+#: scripts/train.py's defaults: the paper's CIFAR-10 recipe where a CPU run allows them (every one is a flag). Code
+#: that trains as that script does (cross-validation folds beside its run) starts from these too.
+IMAGE_TRAINING_DEFAULTS = dict(
+    per_device_train_batch_size=128,
+    per_device_eval_batch_size=256,
+    learning_rate=0.1,
+    weight_decay=5e-4,
+    optim="sgd",
+    optim_args="momentum=0.9",
+    eval_strategy="epoch",
+    save_strategy="epoch",
+    save_total_limit=2,
+    logging_steps=20,
+    report_to="none",
+    remove_unused_columns=True,
+)
 
 
 @dataclass

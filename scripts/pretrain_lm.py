@@ -128,7 +128,8 @@ def pretrain(args: PretrainArguments, model_args: TextModelArguments, training_a
             texts_of(text, args.text_column, max_length=args.max_length), model_args.vocab_size, args.max_length,
             token_type_ids=args.objective == "mlm",
         )
-        tokenizer.save_pretrained(training_args.output_dir)
+        # Not saved here: each checkpoint and the finished run save it (processing_class), and a run stopped before
+        # its first checkpoint must leave the folder empty, or the same command is refused on restart.
     tokenized = text.map(
         lambda batch: tokenizer(batch[args.text_column], truncation=True, max_length=args.max_length),
         batched=True, remove_columns=[args.text_column],

@@ -16,29 +16,13 @@ from transformers import HfArgumentParser
 from hf_selective_backprop import SelectiveBackpropConfig
 from hf_selective_backprop.data import DataArguments
 from hf_selective_backprop.models import ModelArguments
-from hf_selective_backprop.workflow import OutputArguments, train_image_classifier
-
-# Defaults of the paper's CIFAR-10 recipe where a CPU run allows them; every one is a flag.
-DEFAULTS = dict(
-    per_device_train_batch_size=128,
-    per_device_eval_batch_size=256,
-    learning_rate=0.1,
-    weight_decay=5e-4,
-    optim="sgd",
-    optim_args="momentum=0.9",
-    eval_strategy="epoch",
-    save_strategy="epoch",
-    save_total_limit=2,
-    logging_steps=20,
-    report_to="none",
-    remove_unused_columns=True,
-)
+from hf_selective_backprop.workflow import IMAGE_TRAINING_DEFAULTS, OutputArguments, train_image_classifier
 
 
 def main() -> None:
     # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
     parser = HfArgumentParser((ModelArguments, DataArguments, OutputArguments, SelectiveBackpropConfig))
-    parser.set_defaults(**DEFAULTS)
+    parser.set_defaults(**IMAGE_TRAINING_DEFAULTS)
     model_args, data_args, output_args, config = parser.parse_args_into_dataclasses()
     result = train_image_classifier(config, data_args, model_args, output_args.overwrite_output_dir)
     if config.should_save:

@@ -148,3 +148,22 @@ def test_a_resume_from_another_folders_checkpoint_reads_that_checkpoints_tokeniz
     first, second = (AutoTokenizer.from_pretrained(tmp_path / name) for name in ("first", "second"))
     assert second.get_vocab() == first.get_vocab()
     assert (tmp_path / "second" / f"checkpoint-{2 * int(checkpoint.name.split('-')[1])}").is_dir()  # epoch 2 trained
+
+
+def test_a_run_stopped_before_its_first_checkpoint_restarts_with_the_same_command(tmp_path, monkeypatch):
+    # The tokenizer was saved into --output_dir before training: the restart was refused as "already holds files".
+    from transformers import Trainer
+
+    data, out = write_review_folder(tmp_path / "reviews"), tmp_path / "bert"
+    train = Trainer.train
+
+    def stopped(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "train", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(data, out)
+    assert not out.exists() or not any(out.iterdir())
+    monkeypatch.setattr(Trainer, "train", train)
+    pretrain(data, out)
+    assert AutoTokenizer.from_pretrained(out).mask_token is not None

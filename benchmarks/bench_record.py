@@ -8,8 +8,9 @@ steps after the first ``--warmup`` (two epoch ends, where the record gathers its
 The table gives each pair's overhead (on / off - 1), their median and range, and the one-time cost of writing the
 table and data map for ``--write_examples`` examples at the end of a run. Two runs' step times differ by a few
 percent from run to run whatever they do, so each run with the record on also clocks the time spent inside the
-record's own calls (the events it buffers and the flushes that apply them): on a CPU, where every call runs to its
-end before returning, that is the record's cost per step, free of the spread between runs. Synthetic inputs of
+record's own calls (the events it buffers and the flushes that apply them) and, in a run without selection, in the
+per-example loss computed only for it: on a CPU, where every call runs to its end before returning, that is the
+record's cost per step, free of the spread between runs. Synthetic inputs of
 the workloads' shapes: a step's cost does not depend on the pixel or token values. Timing is the point: run it on
 an otherwise idle machine.
 """
@@ -38,31 +39,39 @@ WORKLOADS = {"image": (("none", "sb"), 128, 30), "text": (("none",), 32, 30), "s
 
 
 class RecordClock:
-    """Seconds spent inside RecordKeeper's calls that training makes (scored, trained, flush), while installed."""
+    """Seconds spent inside RecordKeeper's calls that training makes (scored, trained, flush), while installed, and
+    inside ``trainer``'s per-example loss where the record alone asks for it (a run without selection computes
+    that loss only to record it; selection computes it anyway)."""
 
     CALLS = ("scored", "trained", "flush")
 
-    def __init__(self):
+    def __init__(self, trainer=None):
         self.seconds = 0.0
         self._originals = {name: getattr(RecordKeeper, name) for name in self.CALLS}
+        self._trainer = trainer if trainer is not None and trainer.selector is None else None
 
     def __enter__(self):
         for name, original in self._originals.items():
             setattr(RecordKeeper, name, self._timed(original))
+        if self._trainer is not None:
+            self._trainer.per_example_loss_func = self._timed(self._trainer.per_example_loss_func)
         return self
 
     def __exit__(self, *exc):
         for name, original in self._originals.items():
             setattr(RecordKeeper, name, original)
+        if self._trainer is not None:
+            self._trainer.per_example_loss_func = self._trainer.per_example_loss_func.original
 
     def _timed(self, original):
-        def timed(keeper, *args, **kwargs):
+        def timed(*args, **kwargs):
             start = time.perf_counter()
             try:
-                return original(keeper, *args, **kwargs)
+                return original(*args, **kwargs)
             finally:
                 self.seconds += time.perf_counter() - start
 
+        timed.original = original
         return timed
 
 
@@ -122,7 +131,7 @@ def step_seconds(workload: str, strategy: str, record: bool, steps: int, warmup:
     )
     clock = StepClock()
     trainer = SelectiveBackpropTrainer(model=make_model(), args=args, train_dataset=data, callbacks=[clock])
-    with RecordClock() as record_clock:
+    with RecordClock(trainer) as record_clock:
         trainer.train()
     return (clock.ends[-1] - clock.ends[warmup - 1]) / (len(clock.ends) - warmup), record_clock.seconds / steps
 
@@ -186,7 +195,7 @@ def main() -> None:
         f"{os.cpu_count()} CPUs. Median over {options.repeats} pairs of runs (off and on, the order alternating) of "
         "each pair's overhead, its range in brackets.", "",
         "| workload | strategy | step, record off (ms) | step, record on (ms) | overhead: median (range) | "
-        "inside the record's calls, share of a step: median (range) |",
+        "inside the record's calls (and the per-example loss it alone asks for), share of a step: median (range) |",
         "|---|---|---|---|---|---|", *rows, "",
         f"Writing the table and data map of {options.write_examples:,} examples at the end of a run: {written:.2f} s.",
     ]

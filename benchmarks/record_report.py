@@ -36,6 +36,10 @@ def run_summary(folder: str) -> dict | None:
     return {"accuracy": None if accuracy is None else 100 * accuracy, "seconds": seconds, "backwards": backwards}
 
 
+def _seeds(count: int) -> str:
+    return f"{count} seed{'s' if count != 1 else ''}"
+
+
 def _mean_sd(values: list[float]) -> str:
     if not values:
         return "n/a"
@@ -58,14 +62,14 @@ def pruning_rows(root: str) -> list[str]:
     bar = statistics.mean(bar_values) - (statistics.stdev(bar_values) if len(bar_values) > 1 else 0.0)
     full_seconds = statistics.mean(run["seconds"] for run in full.values())
     lines = [
-        f"Traditional ('full', {len(full)} seeds): {_mean_sd(bar_values)} % ({full_seconds:.0f} s); "
+        f"Traditional ('full', {_seeds(len(full))}): {_mean_sd(bar_values)} % ({full_seconds:.0f} s); "
         f"lossless means at least {bar:.2f} %.", "",
         "| setting | seeds | accuracy (%) | lossless | second run: saving, examples | second run: saving, time | "
         "end to end with its scoring run: saving, examples | end to end: saving, time | minus the random subset "
         "of the same size (points, per seed) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    verdicts = []
+    verdicts, random_lossless_keeps = [], []
     for name in sorted(runs, key=_setting_order):
         if name in ("full", "epoch1", "proxy"):
             continue
@@ -96,6 +100,8 @@ def pruning_rows(root: str) -> list[str]:
             f"{_ratio(examples)} | {_ratio(times)} | {_ratio(end_to_end_examples, 'n/a (no scoring run)')} | "
             f"{_ratio(end_to_end, 'n/a')} | {'-' if is_random else against_random} |"
         )
+        if is_random and lossless:
+            random_lossless_keeps.append(f"{_setting_order(name)[0]:g}")
         if not is_random and lossless:
             random_accuracies = [run["accuracy"] for run in random_runs.values()]
             random_lossless = _lossless(random_accuracies, bar)
@@ -108,7 +114,9 @@ def pruning_rows(root: str) -> list[str]:
                   "examples | end to end: saving, time | random subset of the same size lossless |",
                   "|---|---|---|---|---|---|", *verdicts]
     else:
-        lines.append("None: no pruned run kept Traditional's accuracy.")
+        lines.append("None: no subset a score chose kept Traditional's accuracy" + (
+            f"; the random subset did, at kept share {', '.join(random_lossless_keeps)}." if random_lossless_keeps
+            else ", nor did the random subset."))
     return lines
 
 
@@ -135,7 +143,7 @@ def label_issue_rows(root: str) -> list[str]:
                                                                                    "cleanlab", "label_issues.json")))]
         if not results:
             continue
-        lines += [f"### {os.path.basename(noise_folder)[5:]} of the labels flipped ({len(results)} seeds)", "",
+        lines += [f"### {os.path.basename(noise_folder)[5:]} of the labels flipped ({_seeds(len(results))})", "",
                   "| method | trainings | training time (s) | precision at the flip count | flagged | precision | "
                   "recall | AUROC |", "|---|---|---|---|---|---|---|---|"]
         for method in ("record", "cleanlab"):
@@ -165,7 +173,8 @@ def main() -> None:
     options = parser.parse_args()
     report = ["# The example record: pruning for the next run, and label issues", "",
               f"Runs under `{options.root}` (benchmarks/run_record.sh).", "", "## Pruning", "",
-              *pruning_rows(options.root), "", "## Label issues", "", *label_issue_rows(options.root)]
+              *pruning_rows(options.root), "", "## Label issues", "",
+              *(label_issue_rows(options.root) or ["None run here (no noise* folder)."])]
     path = os.path.join(options.root, "report.md")
     with open(path, "w") as handle:
         handle.write("\n".join(report) + "\n")

@@ -39,6 +39,18 @@ def test_pruning_rows_give_each_settings_accuracy_savings_and_whether_it_is_loss
     assert "| epoch1-mean_loss-keep0.5 | 2.00x | 2.00x | 1.43x | 1.25x | no |" in rows  # lossless; random is not
 
 
+def test_where_no_score_is_lossless_the_report_says_whether_the_random_subset_was(tmp_path):
+    # It said "no pruned run kept Traditional's accuracy" while the random subset had.
+    for seed, offset in ((0, -0.5), (1, 0.5)):
+        root = tmp_path / f"seed{seed}"
+        _run(root / "full", 90 + offset, 100.0, 1000)
+        _run(root / "full-mean_loss-keep0.7", 85, 70.0, 700)
+        _run(root / "random-keep0.7", 90 + offset, 70.0, 700)
+        _run(root / "random-keep0.5", 88, 50.0, 500)
+    assert pruning_rows(str(tmp_path))[-1] == ("None: no subset a score chose kept Traditional's accuracy; the random "
+                                               "subset did, at kept share 0.7.")
+
+
 def test_auroc_and_precision_at_the_flip_count():
     flipped = numpy.array([True, True, False, False, False])
     perfect = numpy.array([0.9, 0.8, 0.1, 0.2, 0.3])
@@ -64,3 +76,16 @@ def test_the_cross_validation_trains_with_the_training_scripts_defaults(tmp_path
         ["--output_dir", str(tmp_path), "--record", str(tmp_path), "--learning_rate", "0.05"])
     assert config.per_device_train_batch_size == 128 and config.optim == "sgd"  # not TrainingArguments' 8 and AdamW
     assert config.learning_rate == 0.05  # a flag given still wins
+
+
+def test_the_record_clock_counts_the_per_example_loss_only_where_the_record_alone_asks_for_it():
+    def slow_loss(outputs, labels):
+        time.sleep(0.05)
+        return labels
+
+    plain, selecting = (SimpleNamespace(selector=selector, per_example_loss_func=slow_loss) for selector in (None, 1))
+    for trainer, counted in ((plain, True), (selecting, False)):
+        with RecordClock(trainer) as clock:
+            trainer.per_example_loss_func(None, 1)
+        assert (clock.seconds >= 0.05) is counted
+        assert trainer.per_example_loss_func is slow_loss

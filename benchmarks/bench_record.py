@@ -10,9 +10,8 @@ table and data map for ``--write_examples`` examples at the end of a run. Two ru
 percent from run to run whatever they do, so each run with the record on also clocks the time spent inside the
 record's own calls (the events it buffers and the flushes that apply them) and, in a run without selection, in the
 per-example loss computed only for it: on a CPU, where every call runs to its end before returning, that is the
-record's cost per step, free of the spread between runs. Synthetic inputs of
-the workloads' shapes: a step's cost does not depend on the pixel or token values. Timing is the point: run it on
-an otherwise idle machine.
+record's cost per step, free of the spread between runs. Synthetic inputs of the workloads' shapes: a step's cost
+does not depend on the pixel or token values. Timing is the point: run it on an otherwise idle machine.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ def test_pruning_rows_give_each_settings_accuracy_savings_and_whether_it_is_loss
         _run(root / "random-keep0.5", 88, 50.0, 500)
     rows = pruning_rows(str(tmp_path))
     assert "lossless means at least 89.29 %" in rows[0]  # mean 90 minus sd 0.71
+    assert rows[0].endswith("Scoring runs alone: 'epoch1' (2 seeds) 70.00 ± 0.00 % (30 s).")
     pruned = next(row for row in rows if row.startswith("| epoch1-mean_loss-keep0.5 "))
     # End to end: 1000 examples / (500 + its scoring run's 200), 100 s / (50 s + its 30 s); 89.5 and 90.5 against
     # the random subset's 88 in the same seed

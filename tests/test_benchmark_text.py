@@ -44,12 +44,13 @@ def test_text_benchmark_evaluates_every_strategy_at_the_same_fractions_of_its_da
 def test_text_benchmark_measures_the_fit_of_the_first_training_rows_padded_as_it_trains(review_folder, tmp_path):
     benchmark(review_folder, str(tmp_path), "traditional", train_eval_samples=20)
     evals = json.loads((tmp_path / "traditional.json").read_text())["evals"]
-    # 20 rows in evaluation batches of 16: whole shares of 20. Below the first evaluation's median, then: 9 of
-    # them (torch's median of an even count is the lower middle value).
+    # 20 rows in evaluation batches of 16: whole shares of 20. Strictly below the first evaluation's median, then:
+    # at most 9 of them (torch's median of an even count is the lower middle value). Not exactly 9: the folder
+    # repeats 8 sentences, and copies in differently padded batches tie at the median on some CPUs, not on others.
     for entry in evals:
         for share in ("train_accuracy", "train_low_loss_share", "train_below_first_median_share"):
             assert (entry[share] * 20) == pytest.approx(round(entry[share] * 20))
-    assert evals[0]["train_below_first_median_share"] == pytest.approx(9 / 20)
+    assert 0 < evals[0]["train_below_first_median_share"] <= 9 / 20
     medians = {entry["train_first_median_loss"] for entry in evals}
     assert len(medians) == 1 and 0 < medians.pop() < 5
 

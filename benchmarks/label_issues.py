@@ -1,103 +1,148 @@
 """Label issues found by the example record of one training run, against cleanlab's confident learning on K-fold
-cross-validated probabilities (K trainings), on the image workflow with known flipped labels.
+cross-validated probabilities (K trainings), with known flipped labels.
 
-    python benchmarks/label_issues.py --record RUN_FOLDER --output_dir OUT [scripts/train.py's data and model flags]
+    python benchmarks/label_issues.py --record RUN_FOLDER --output_dir OUT [the run's data, model and training flags]
+    python benchmarks/label_issues.py --workload text --record RUN_FOLDER --output_dir OUT [scripts/train_text.py's]
 
-RUN_FOLDER is a `scripts/train.py --label_noise P` run (its example_record.parquet and noisy_indices.int64). The
-cross-validation trains the same model with the same flags (--num_train_epochs, --learning_rate, ...) K times,
-each on (K-1)/K of the training set, and predicts the held-out fold without augmentation. Both rankings are scored
-against the flipped ids: precision at the true number of flips, recall of the flagged set, AUROC of the ranking,
-and the training each took. Needs cleanlab (`pip install cleanlab`), installed for this benchmark only.
+RUN_FOLDER is a `scripts/train.py --label_noise P` run (--workload image, the default) or a
+`scripts/train_text.py --label_noise P` run (--workload text): its example_record.parquet and noisy_indices.int64.
+The cross-validation trains the same model with the same flags (--num_train_epochs, --learning_rate, ...) K times,
+each on (K-1)/K of the training set, and predicts the held-out fold (images without augmentation). Both rankings
+are scored against the flipped ids: precision at the true number of flips, recall of the flagged set, AUROC of the
+ranking, and the training each took. Needs cleanlab (`pip install cleanlab`), installed for this benchmark only.
 Writes OUT/label_issues.json.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy
 import torch
-from transformers import HfArgumentParser
+from transformers import AutoTokenizer, DataCollatorWithPadding, HfArgumentParser
 
+from harness.label_metrics import ranking_metrics
 from harness.provenance import provenance
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer, record
 from hf_selective_backprop.data import DataArguments, ImageTensorDataset, load_image_data
+from hf_selective_backprop.data.text import TextDataArguments, load_text_data, tokenize
 from hf_selective_backprop.models import ModelArguments, build_model
-from hf_selective_backprop.workflow import IMAGE_TRAINING_DEFAULTS
+from hf_selective_backprop.text_models import TextModelArguments, build_text_model, fitted_max_length, model_positions
+from hf_selective_backprop.workflow import IMAGE_TRAINING_DEFAULTS, TEXT_TRAINING_DEFAULTS
+
+WORKLOADS = ("image", "text")
 
 
-def auroc(scores: numpy.ndarray, positives: numpy.ndarray) -> float:
-    """The probability that a positive ranks above a negative (ties count half): Mann-Whitney's U over n+ n-."""
-    order = numpy.argsort(scores, kind="stable")
-    ranks = numpy.empty(len(scores))
-    sorted_scores = scores[order]
-    # Average ranks over ties.
-    _, first, counts = numpy.unique(sorted_scores, return_index=True, return_counts=True)
-    for start, count in zip(first, counts, strict=True):
-        ranks[order[start:start + count]] = start + (count + 1) / 2
-    n_pos, n_neg = int(positives.sum()), int((~positives).sum())
-    return float((ranks[positives].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
+@dataclass
+class TrainingRows:
+    """The noisy run's training rows as the folds cut them: ids, (noisy) labels, a fold's rows, a fresh model."""
+
+    ids: numpy.ndarray
+    labels: numpy.ndarray
+    num_labels: int
+    rows: Callable[[torch.Tensor, bool], object]  # (positions, to predict) -> a dataset
+    new_model: Callable[[], torch.nn.Module]
+    trainer_kwargs: dict
 
 
-def ranking_metrics(suspicion: numpy.ndarray, flagged: numpy.ndarray, flipped: numpy.ndarray) -> dict:
-    """``suspicion``: higher = likelier mislabeled; ``flagged``: the method's own flagged set (bool)."""
-    top = numpy.argsort(-suspicion, kind="stable")[: int(flipped.sum())]
-    return {
-        "precision_at_flips": float(flipped[top].mean()),
-        "flagged": int(flagged.sum()),
-        "precision_flagged": float(flipped[flagged].mean()) if flagged.any() else None,
-        "recall_flagged": float(flagged[flipped].mean()),
-        "auroc": auroc(suspicion, flipped),
-    }
-
-
-def cross_validated_probabilities(config, data_args, model_args, folds: int):
-    """Out-of-sample class probabilities of every training row, from ``folds`` trainings; and their seconds."""
+def image_rows(config, data_args: DataArguments, model_args: ModelArguments, record_folder: str) -> TrainingRows:
     data = load_image_data(data_args, seed=config.seed, index_column=config.sb_index_column)
     train = data.train
-    count = len(train)
+
+    def rows(positions, to_predict):
+        fold = ImageTensorDataset(train.images[positions], train.labels[positions], train.transform,
+                                  train.index[positions])
+        return fold.without_augmentation() if to_predict else fold
+
+    def new_model():
+        return build_model(model_args, data.num_labels, data.image_size, data.mean, data.std, data.num_channels,
+                           data.label_names)
+
+    return TrainingRows(train.index.numpy(), train.labels.numpy(), data.num_labels, rows, new_model, {})
+
+
+def text_rows(config, data_args: TextDataArguments, model_args: TextModelArguments, record_folder: str) -> TrainingRows:
+    data = load_text_data(data_args)
+    # The vocabulary the noisy run trained with, saved beside its model (a pretrained one's, or the one it learnt).
+    tokenizer = AutoTokenizer.from_pretrained(record_folder)
+    max_length = fitted_max_length(data_args.max_length, tokenizer, model_positions(model_args))
+    train = tokenize(data.train, tokenizer, data.text_column, max_length, label_column=data.label_column,
+                     text_pair_column=data_args.text_pair_column)
+
+    def rows(positions, to_predict):
+        return train.select(positions.tolist())
+
+    def new_model():
+        return build_text_model(model_args, tokenizer, data_args.task, max_length, data.label_names)
+
+    kwargs = dict(data_collator=DataCollatorWithPadding(tokenizer), processing_class=tokenizer)
+    # Row positions are the ids a text run's record keys (its tokenized rows carry no id column).
+    return TrainingRows(numpy.arange(len(train)), numpy.asarray(train["labels"]), len(data.label_names), rows,
+                        new_model, kwargs)
+
+
+def cross_validated_probabilities(config, data: TrainingRows, folds: int) -> tuple[numpy.ndarray, float]:
+    """Out-of-sample class probabilities of every training row, from ``folds`` trainings; and their seconds."""
+    count = len(data.ids)
     order = torch.randperm(count, generator=torch.Generator().manual_seed(config.seed))
     probabilities = numpy.zeros((count, data.num_labels))
     seconds = 0.0
     for fold in range(folds):
         held = order[fold::folds]
         kept = order[~torch.isin(order, held)]
-        fold_train = ImageTensorDataset(train.images[kept], train.labels[kept], train.transform, train.index[kept])
-        fold_held = ImageTensorDataset(train.images[held], train.labels[held], train.transform, train.index[held])
-        model = build_model(model_args, data.num_labels, data.image_size, data.mean, data.std, data.num_channels,
-                            data.label_names)
         fold_config = dataclasses.replace(config, output_dir=os.path.join(config.output_dir, f"fold{fold}"),
                                           sb_record=False, save_strategy="no", eval_strategy="no")
-        trainer = SelectiveBackpropTrainer(model=model, args=fold_config, train_dataset=fold_train)
+        trainer = SelectiveBackpropTrainer(model=data.new_model(), args=fold_config,
+                                           train_dataset=data.rows(kept, False), **data.trainer_kwargs)
         start = time.perf_counter()
         trainer.train()
         seconds += time.perf_counter() - start
-        logits = trainer.predict(fold_held.without_augmentation()).predictions
+        logits = trainer.predict(data.rows(held, True)).predictions
         probabilities[held.numpy()] = torch.softmax(torch.as_tensor(logits), -1).numpy()
         print(f"fold {fold}: trained on {len(kept)}, predicted {len(held)}", flush=True)
-    return train, probabilities, seconds
+    return probabilities, seconds
 
 
-def build_parser() -> HfArgumentParser:
-    parser = HfArgumentParser((SelectiveBackpropConfig, DataArguments, ModelArguments))
+def build_parser(workload: str = "image") -> HfArgumentParser:
+    if workload not in WORKLOADS:
+        raise ValueError(f"--workload must be one of {', '.join(WORKLOADS)}, got {workload!r}")
+    if workload == "image":
+        parser = HfArgumentParser((SelectiveBackpropConfig, DataArguments, ModelArguments))
+        defaults = IMAGE_TRAINING_DEFAULTS
+    else:
+        parser = HfArgumentParser((SelectiveBackpropConfig, TextDataArguments, TextModelArguments))
+        defaults = TEXT_TRAINING_DEFAULTS
     # The folds train as the record's run did: a bare TrainingArguments would give them batch 8 and AdamW.
-    parser.set_defaults(**IMAGE_TRAINING_DEFAULTS)
+    parser.set_defaults(**defaults)
+    parser.add_argument("--workload", default="image", choices=WORKLOADS,
+                        help="image: a scripts/train.py run; text: a scripts/train_text.py run")
     parser.add_argument("--record", required=True, help="the noisy run's output folder")
     parser.add_argument("--folds", type=int, default=5)
     return parser
 
 
-def main() -> None:
-    config, data_args, model_args, options = build_parser().parse_args_into_dataclasses()
+def workload_of(argv: list[str] | None) -> str:
+    """--workload alone, read first: it decides which data and model flags the full parser takes."""
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--workload", default="image")
+    return first.parse_known_args(argv)[0].workload
+
+
+def main(argv: list[str] | None = None) -> None:
+    config, data_args, model_args, options = build_parser(workload_of(argv)).parse_args_into_dataclasses(argv)
     from cleanlab.filter import find_label_issues
     from cleanlab.rank import get_label_quality_scores
 
-    train, probabilities, cv_seconds = cross_validated_probabilities(config, data_args, model_args, options.folds)
-    ids = train.index.numpy()
-    labels = train.labels.numpy()
+    rows_of = image_rows if options.workload == "image" else text_rows
+    data = rows_of(config, data_args, model_args, options.record)
+    probabilities, cv_seconds = cross_validated_probabilities(config, data, options.folds)
+    ids, labels = data.ids, data.labels
     flipped_ids = numpy.fromfile(os.path.join(options.record, "noisy_indices.int64"), dtype=numpy.int64)
     flipped = numpy.isin(ids, flipped_ids)
 

@@ -19,6 +19,11 @@ import re
 import statistics
 from collections import defaultdict
 
+import numpy
+import pyarrow.parquet
+
+from harness.label_metrics import auroc, precision_at_flips
+
 SETTING = re.compile(r"(?P<source>\w+?)-(?P<score>\w+)-keep(?P<keep>[\d.]+)$")
 
 
@@ -40,11 +45,11 @@ def _seeds(count: int) -> str:
     return f"{count} seed{'s' if count != 1 else ''}"
 
 
-def _mean_sd(values: list[float]) -> str:
+def _mean_sd(values: list[float], digits: int = 2) -> str:
     if not values:
         return "n/a"
     sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.2f} ± {sd:.2f}"
+    return f"{statistics.mean(values):.{digits}f} ± {sd:.{digits}f}"
 
 
 def pruning_rows(root: str) -> list[str]:
@@ -159,9 +164,9 @@ def label_issue_rows(root: str) -> list[str]:
             precision = [r["precision_flagged"] for r in rows if r["precision_flagged"] is not None]
             lines.append(
                 f"| {method} | {rows[0]['trainings']} | {statistics.mean(r['seconds'] for r in rows):.0f} | "
-                f"{_mean_sd([r['precision_at_flips'] for r in rows])} | "
-                f"{statistics.mean(r['flagged'] for r in rows):.0f} | {_mean_sd(precision)} | "
-                f"{_mean_sd([r['recall_flagged'] for r in rows])} | {_mean_sd([r['auroc'] for r in rows])} |"
+                f"{_mean_sd([r['precision_at_flips'] for r in rows], 3)} | "
+                f"{statistics.mean(r['flagged'] for r in rows):.0f} | {_mean_sd(precision, 3)} | "
+                f"{_mean_sd([r['recall_flagged'] for r in rows], 3)} | {_mean_sd([r['auroc'] for r in rows], 3)} |"
             )
         trained = defaultdict(list)
         for seed in sorted(glob.glob(os.path.join(noise_folder, "seed*"))):
@@ -175,6 +180,54 @@ def label_issue_rows(root: str) -> list[str]:
     return lines
 
 
+#: Rankings any record allows without training again (higher: likelier flipped). The first is the one
+#: `hf_selective_backprop.record.label_issues` uses (its order, lowest confidence first; fixed before these were
+#: compared); the others read the record's other columns.
+SUSPICION = {
+    "lowest confidence (record.label_issues)": lambda t: -t["confidence"],
+    "highest mean loss": lambda t: t["mean_loss"],
+    "highest first loss (epoch 1, before its own update)": lambda t: t["first_loss"],
+    "highest last loss": lambda t: t["last_loss"],
+    "lowest correctness": lambda t: -t["correctness"],
+    "latest first learned (never: last)": lambda t: numpy.where(t["first_learned_epoch"] < 0, numpy.inf,
+                                                               t["first_learned_epoch"]),
+    "most forgetting events": lambda t: t["forgetting_events"].astype(float),
+}
+
+
+def record_ranking_rows(root: str, id_column: str = "index") -> list[str]:
+    """Per noise level, every `SUSPICION` ranking of each noisy run's record beside cleanlab's, per seed."""
+    lines = []
+    for noise_folder in sorted(glob.glob(os.path.join(root, "noise*"))):
+        results = sorted(glob.glob(os.path.join(noise_folder, "seed*", "cleanlab", "label_issues.json")))
+        if not results:
+            continue
+        measured = defaultdict(lambda: ([], []))  # ranking -> (precisions, AUROCs), one per seed
+        for path in results:
+            run = os.path.join(os.path.dirname(os.path.dirname(path)), "full")
+            columns = pyarrow.parquet.read_table(os.path.join(run, "example_record.parquet")).to_pydict()
+            table = {name: numpy.asarray(values) for name, values in columns.items()}
+            flipped = numpy.isin(table[id_column],
+                                 numpy.fromfile(os.path.join(run, "noisy_indices.int64"), dtype=numpy.int64))
+            for name, suspicion_of in SUSPICION.items():
+                suspicion = numpy.nan_to_num(numpy.asarray(suspicion_of(table), dtype=float), nan=-numpy.inf)
+                measured[name][0].append(precision_at_flips(suspicion, flipped))
+                measured[name][1].append(auroc(suspicion, flipped))
+            with open(path) as handle:
+                cleanlab = json.load(handle)["cleanlab"]
+            folds = cleanlab["trainings"]
+            measured[f"cleanlab {folds}-fold ({folds} trainings)"][0].append(cleanlab["precision_at_flips"])
+            measured[f"cleanlab {folds}-fold ({folds} trainings)"][1].append(cleanlab["auroc"])
+        lines += [f"### {os.path.basename(noise_folder)[5:]} of the labels flipped: every ranking of the record "
+                  f"({_seeds(len(results))}; per seed in brackets)", "",
+                  "| ranking | precision at the flip count | AUROC |", "|---|---|---|"]
+        for name, (precisions, aurocs) in measured.items():
+            lines.append(f"| {name} | {_mean_sd(precisions, 3)} ({'; '.join(f'{p:.3f}' for p in precisions)}) | "
+                         f"{_mean_sd(aurocs, 3)} ({'; '.join(f'{a:.3f}' for a in aurocs)}) |")
+        lines.append("")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", required=True)
@@ -182,7 +235,8 @@ def main() -> None:
     report = ["# The example record: pruning for the next run, and label issues", "",
               f"Runs under `{options.root}` (benchmarks/run_record.sh).", "", "## Pruning", "",
               *pruning_rows(options.root), "", "## Label issues", "",
-              *(label_issue_rows(options.root) or ["None run here (no noise* folder)."])]
+              *(label_issue_rows(options.root) or ["None run here (no noise* folder)."]),
+              *record_ranking_rows(options.root)]
     path = os.path.join(options.root, "report.md")
     with open(path, "w") as handle:
         handle.write("\n".join(report) + "\n")

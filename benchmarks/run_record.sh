@@ -4,8 +4,7 @@
 # against cleanlab's 5-fold confident learning. WORKLOAD=image (the default): the image fine-tuning workload of
 # run_frontier.sh (CIFAR-10 classes 5-9 from $MODEL pretrained on classes 0-4: the same stand-in, flags and learning
 # rate), through scripts/train.py. WORKLOAD=sst2: the SST-2 fine-tuning of run_finetune_text.sh (its BERT stand-in,
-# learning rate and 2 epochs), through scripts/train_text.py; its sources are 'full' and 'epoch1', and it has no
-# noisy part (train_text.py flips no labels).
+# learning rate and 2 epochs), through scripts/train_text.py; its sources are 'full' and 'epoch1'.
 #
 # PARTS (in this order by default):
 #   pretrain  the stand-in checkpoint (run_finetune.sh's part of that name)
@@ -109,7 +108,8 @@ for PART in ${PARTS:-pretrain scores prune noisy report}; do
         done
         ;;
     noisy)
-        [[ $WORKLOAD == image ]] || { echo "the noisy part needs WORKLOAD=image" >&2; exit 2; }
+        ROWS_OF=image
+        [[ $WORKLOAD == sst2 ]] && ROWS_OF=text
         $PY -c "import cleanlab" 2>/dev/null || $PY -m pip install --quiet cleanlab  # this benchmark's tool only
         for P in $NOISE; do
             for SEED in $NOISY_SEEDS; do
@@ -118,8 +118,8 @@ for PART in ${PARTS:-pretrain scores prune noisy report}; do
                     --label_noise_seed "$SEED")
                 train "$N/full" "${NOISY[@]}"
                 if [[ ! -f $N/cleanlab/label_issues.json ]]; then
-                    "${LOCK[@]}" $PY benchmarks/label_issues.py "${DATA_FLAGS[@]}" "${RUN_FLAGS[@]}" "${NOISY[@]}" \
-                        --record "$N/full" --folds "$FOLDS" --output_dir "$N/cleanlab"
+                    "${LOCK[@]}" $PY benchmarks/label_issues.py --workload $ROWS_OF "${DATA_FLAGS[@]}" "${RUN_FLAGS[@]}" \
+                        "${NOISY[@]}" --record "$N/full" --folds "$FOLDS" --output_dir "$N/cleanlab"
                 fi
                 KEEP=$($PY -c "print(round(1 - $P, 4))")
                 train "$N/without-candidates" "${NOISY[@]}" --sb_subset_from "$N/full" --sb_subset_keep "$KEEP" \

@@ -49,6 +49,22 @@ IMAGE_TRAINING_DEFAULTS = dict(
     remove_unused_columns=True,
 )
 
+#: scripts/train_text.py's defaults: a small BERT trained from scratch (every one is a flag). Code that trains as
+#: that script does (compare.py's text runs, cross-validation folds beside its run) starts from these too.
+TEXT_TRAINING_DEFAULTS = dict(
+    num_train_epochs=1,
+    per_device_train_batch_size=32,
+    per_device_eval_batch_size=128,
+    learning_rate=1e-3,
+    weight_decay=0.01,
+    warmup_steps=0.06,
+    eval_strategy="epoch",
+    save_strategy="epoch",
+    save_total_limit=1,
+    logging_steps=100,
+    report_to="none",
+)
+
 
 @dataclass
 class RunResult:

@@ -41,6 +41,7 @@ with warnings.catch_warnings(record=True) as IMPORT_WARNINGS:
     from hf_selective_backprop.models import ModelArguments
     from hf_selective_backprop.output_lock import claimed
     from hf_selective_backprop.workflow import (
+        TEXT_TRAINING_DEFAULTS,
         OutputArguments,
         check_output_dir,
         check_output_dir_is_free,
@@ -142,7 +143,7 @@ def text_workflow() -> Workflow:
 
     return Workflow(
         "scripts/train_text.py", (TextModelArguments, TextDataArguments, OutputArguments, SelectiveBackpropConfig),
-        {**train_text.DEFAULTS, **EVERY_RUN}, train, describe,
+        {**TEXT_TRAINING_DEFAULTS, **EVERY_RUN}, train, describe,
     )
 
 

@@ -11,6 +11,7 @@ Every flag: --help.
 """
 
 import math
+import os
 
 from accelerate import PartialState
 from transformers import (
@@ -44,32 +45,18 @@ from hf_selective_backprop.text_models import (
     require_model_for,
 )
 from hf_selective_backprop.workflow import (
+    TEXT_TRAINING_DEFAULTS,
     OutputArguments,
     check_output_dir,
     check_output_dir_is_free,
     resume_checkpoint,
 )
 
-# A small BERT trained from scratch: every one is a flag.
-DEFAULTS = dict(
-    num_train_epochs=1,
-    per_device_train_batch_size=32,
-    per_device_eval_batch_size=128,
-    learning_rate=1e-3,
-    weight_decay=0.01,
-    warmup_steps=0.06,
-    eval_strategy="epoch",
-    save_strategy="epoch",
-    save_total_limit=1,
-    logging_steps=100,
-    report_to="none",
-)
-
 
 def main() -> None:
     # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
     parser = HfArgumentParser((TextModelArguments, TextDataArguments, OutputArguments, SelectiveBackpropConfig))
-    parser.set_defaults(**DEFAULTS)
+    parser.set_defaults(**TEXT_TRAINING_DEFAULTS)
     model_args, data_args, output_args, config = parser.parse_args_into_dataclasses()
     train(config, data_args, model_args, output_args.overwrite_output_dir)
 
@@ -134,7 +121,9 @@ def run(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_arg
     )
 
     trainer.model_flags = model_flags(model_args, data_args.max_length)
-    trainer.train(resume_from_checkpoint=checkpoint)
+    train_output = trainer.train(resume_from_checkpoint=checkpoint)
+    # As the Hugging Face example scripts do: train_results.json (benchmarks read a run's cost from it).
+    trainer.save_metrics("train", train_output.metrics)
     stats = training_costs(trainer)
 
     metrics = trainer.evaluate() if evaluation is not None else {}
@@ -146,6 +135,8 @@ def run(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_arg
     card = {"dataset": data_args.dataset, "eval_split": data_args.eval_split, "tasks": PIPELINE_TAGS[data_args.task]}
     if config.should_save:
         trainer.create_model_card(**card)
+        if len(data.noisy_positions):  # the row positions are the example ids the record keys
+            data.noisy_positions.tofile(os.path.join(config.output_dir, "noisy_indices.int64"))
     if config.push_to_hub:
         name = hub_dataset_id(data_args.dataset) or data.dataset_id
         trainer.push_to_hub(commit_message=f"{config.sb_strategy} on {name}", **card)

@@ -6,11 +6,15 @@ import time
 from types import SimpleNamespace
 
 import numpy
+import pyarrow
+import pyarrow.parquet
 import pytest
 from bench_record import RecordClock
-from label_issues import auroc, build_parser, ranking_metrics
-from record_report import pruning_rows
+from label_issues import build_parser, cross_validated_probabilities, text_rows
+from record_report import pruning_rows, record_ranking_rows
+from text_tiny import NEGATIVE, POSITIVE, word_tokenizer
 
+from harness.label_metrics import auroc, ranking_metrics
 from hf_selective_backprop.record.keeper import RecordKeeper
 
 
@@ -62,6 +66,32 @@ def test_auroc_and_precision_at_the_flip_count():
     assert metrics["precision_flagged"] == 0.5 and metrics["auroc"] == pytest.approx(3 / 6)  # 0.9 beats 3, 0.1 none
 
 
+def test_every_ranking_of_a_noisy_runs_record_is_scored_beside_cleanlabs(tmp_path):
+    run = tmp_path / "noise0.2" / "seed0" / "full"
+    run.mkdir(parents=True)
+    flipped = numpy.array([3, 7], dtype=numpy.int64)
+    ids = numpy.arange(10)
+    is_flipped = numpy.isin(ids, flipped)
+    pyarrow.parquet.write_table(pyarrow.table({
+        "index": ids,
+        "confidence": numpy.where(is_flipped, 0.1, 0.9),  # finds both flips
+        "mean_loss": numpy.where(is_flipped, 0.1, 2.0),  # ranks them last
+        "first_loss": ids.astype(float), "last_loss": ids.astype(float), "correctness": ids / 10.0,
+        "first_learned_epoch": numpy.where(is_flipped, -1, 1),  # never learned: the likeliest issues
+        "forgetting_events": numpy.zeros(10, dtype=numpy.int32),
+    }), run / "example_record.parquet")
+    flipped.tofile(run / "noisy_indices.int64")
+    (run.parent / "cleanlab").mkdir()
+    (run.parent / "cleanlab" / "label_issues.json").write_text(json.dumps(
+        {"cleanlab": {"precision_at_flips": 0.5, "auroc": 0.75, "trainings": 5}}))
+    rows = record_ranking_rows(str(tmp_path))
+    assert "| lowest confidence (record.label_issues) | 1.000 ± 0.000 (1.000) | 1.000 ± 0.000 (1.000) |" in rows
+    assert "| highest mean loss | 0.000 ± 0.000 (0.000) | 0.000 ± 0.000 (0.000) |" in rows
+    assert "| latest first learned (never: last) | 1.000 ± 0.000 (1.000) | 1.000 ± 0.000 (1.000) |" in rows
+    assert "| most forgetting events | 0.000 ± 0.000 (0.000) | 0.500 ± 0.000 (0.500) |" in rows  # all tied
+    assert "| cleanlab 5-fold (5 trainings) | 0.500 ± 0.000 (0.500) | 0.750 ± 0.000 (0.750) |" in rows
+
+
 def test_the_record_clock_adds_up_the_time_inside_the_records_calls_and_puts_them_back():
     original = RecordKeeper.flush
     keeper = SimpleNamespace(feed=SimpleNamespace(flush=lambda record: time.sleep(0.05)), record=None)
@@ -77,6 +107,32 @@ def test_the_cross_validation_trains_with_the_training_scripts_defaults(tmp_path
         ["--output_dir", str(tmp_path), "--record", str(tmp_path), "--learning_rate", "0.05"])
     assert config.per_device_train_batch_size == 128 and config.optim == "sgd"  # not TrainingArguments' 8 and AdamW
     assert config.learning_rate == 0.05  # a flag given still wins
+
+
+def test_the_text_cross_validation_predicts_each_row_once_from_a_fold_that_did_not_train_on_it(review_folder, tmp_path):
+    run = tmp_path / "run"
+    word_tokenizer([*POSITIVE, *NEGATIVE], max_length=16).save_pretrained(run)  # what the noisy run saved
+    config, data_args, model_args, _ = build_parser("text").parse_args_into_dataclasses([
+        "--output_dir", str(tmp_path / "cv"), "--record", str(run), "--dataset", str(review_folder),
+        "--label_column", "sentiment", "--label_noise", "0.25", "--vocab_size", "80", "--hidden_size", "16",
+        "--num_heads", "2", "--num_layers", "1", "--intermediate_size", "32", "--max_length", "16",
+        "--per_device_train_batch_size", "8", "--num_train_epochs", "1", "--use_cpu", "--disable_tqdm", "true"])
+    assert config.per_device_train_batch_size == 8 and config.weight_decay == 0.01  # train_text.py's defaults
+    data = text_rows(config, data_args, model_args, str(run))
+    assert data.num_labels == 2 and data.ids.tolist() == list(range(96)) and data.labels.sum() not in (0, 96)
+    trained, predicted = [], []
+    cut = data.rows
+
+    def watched(positions, to_predict):
+        (predicted if to_predict else trained).append(set(positions.tolist()))
+        return cut(positions, to_predict)
+
+    data.rows = watched
+    probabilities, seconds = cross_validated_probabilities(config, data, folds=3)
+    assert probabilities.shape == (96, 2) and numpy.allclose(probabilities.sum(1), 1) and seconds > 0
+    assert sorted(row for fold in predicted for row in fold) == list(range(96))
+    for held, fit in zip(predicted, trained, strict=True):
+        assert not held & fit and len(held | fit) == 96
 
 
 def test_the_record_clock_counts_the_per_example_loss_only_where_the_record_alone_asks_for_it():

@@ -7,6 +7,7 @@ import runpy
 import sys
 from pathlib import Path
 
+import numpy
 import pytest
 import torch
 from datasets import Dataset
@@ -14,6 +15,7 @@ from huggingface_hub import ModelCard
 from text_tiny import NEGATIVE, POSITIVE
 from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
+from hf_selective_backprop import record
 from hf_selective_backprop.data.text import (
     WORDPIECE_MAX_WORD_CHARS,
     TextDataArguments,
@@ -105,6 +107,28 @@ def test_trained_tokenizer_adds_cls_and_sep_and_reloads(tmp_path):
 
 
 @pytest.mark.skipif(not SST2.is_dir(), reason=f"SST-2 is not at {SST2} (a local copy in the Hub layout)")
+def test_label_noise_flips_its_share_of_the_training_labels_and_says_which_rows(review_folder):
+    def load(**noise):
+        return load_text_data(TextDataArguments(dataset=str(review_folder), label_column="sentiment", **noise))
+
+    clean, noisy, again = load(), load(label_noise=0.25, label_noise_seed=3), load(label_noise=0.25, label_noise_seed=3)
+    changed = numpy.flatnonzero(numpy.asarray(clean.train["sentiment"]) != numpy.asarray(noisy.train["sentiment"]))
+    assert len(changed) == 24 and changed.tolist() == noisy.noisy_positions.tolist()  # round(0.25 * 96) rows
+    assert noisy.noisy_positions.tolist() == again.noisy_positions.tolist()
+    assert noisy.noisy_positions.tolist() != load(label_noise=0.25, label_noise_seed=4).noisy_positions.tolist()
+    assert noisy.train.features["sentiment"].names == ["neg", "pos"]
+    assert noisy.eval["sentiment"] == clean.eval["sentiment"] and len(clean.noisy_positions) == 0
+
+
+@pytest.mark.parametrize("settings, message", [
+    (dict(label_noise=1.0), r"--label_noise must be in \[0, 1\), got 1.0"),
+    (dict(label_noise=0.1, task="causal-lm"), "--label_noise flips class labels; --task 'causal-lm' has none"),
+])
+def test_label_noise_out_of_range_or_on_a_language_model_is_refused_naming_the_flag(settings, message):
+    with pytest.raises(ValueError, match=message):
+        TextDataArguments(**settings)
+
+
 def test_sst2_columns_are_detected():
     data = load_text_data(TextDataArguments(dataset=str(SST2), max_train_samples=50, max_eval_samples=10))
     assert (data.text_column, data.label_column, data.label_names) == ("sentence", "label", ["negative", "positive"])
@@ -141,6 +165,19 @@ def test_script_trains_a_classifier_with_sb_and_writes_card_stats_and_tokenizer(
     assert json.loads((out / "eval_results.json").read_text())["eval_accuracy"] >= 0
     classify = pipeline("text-classification", model=str(out), device="cpu")
     assert classify("great acting")[0]["label"] in ("neg", "pos")
+
+
+def test_script_with_label_noise_writes_the_flipped_ids_its_record_keys_and_its_training_cost(review_folder, tmp_path):
+    out = tmp_path / "noisy"
+    run_script(["--dataset", str(review_folder), "--label_column", "sentiment", "--label_noise", "0.25",
+                "--num_train_epochs", "1", "--output_dir", str(out), *COMMON])
+    flipped = numpy.fromfile(out / "noisy_indices.int64", dtype=numpy.int64)
+    expected = load_text_data(TextDataArguments(dataset=str(review_folder), label_column="sentiment",
+                                                label_noise=0.25)).noisy_positions
+    assert flipped.tolist() == expected.tolist() and len(flipped) == 24
+    table = record.load_record(str(out))
+    assert sorted(table["index"]) == list(range(96))  # the record's ids are the row positions the file names
+    assert json.loads((out / "train_results.json").read_text())["train_runtime"] > 0
 
 
 def test_script_trains_a_causal_lm_and_reports_perplexity(review_folder, tmp_path):

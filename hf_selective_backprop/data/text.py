@@ -6,6 +6,7 @@ trainer pads each training micro-batch again to its own longest row.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,11 +15,15 @@ import datasets
 import numpy
 import pyarrow
 import pyarrow.compute
+import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
 from .datasets import warn_of_rare_classes
+from .noise import flip_labels
 from .sources import load_splits
+
+logger = logging.getLogger(__name__)
 
 TASKS = ("text-classification", "causal-lm")
 TEXT_COLUMNS = ("sentence", "text", "content", "review", "document", "sentence1", "question")
@@ -57,6 +62,12 @@ class TextDataArguments:
     )
     max_train_samples: int | None = field(default=None, metadata={"help": "Train on the first N examples."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Evaluate on the first N examples."})
+    label_noise: float = field(
+        default=0.0,
+        metadata={"help": "text-classification: fraction in [0, 1) of training labels flipped to a random other "
+                  "class (which rows: noisy_indices.int64 in --output_dir, by row position)."},
+    )
+    label_noise_seed: int = field(default=0, metadata={"help": "Seed choosing the flipped labels."})
     max_length: int = field(default=128, metadata={"help": "Truncate texts to this many tokens."})
     cache_dir: str | None = field(default=None, metadata={"help": "Cache folder for `datasets`."})
 
@@ -69,6 +80,11 @@ class TextDataArguments:
                 raise ValueError(f"--{name} must be >= 1, got {value}")
         if self.eval_split is not None and self.eval_split.lower() in ("", "none"):
             self.eval_split = None
+        if not 0.0 <= self.label_noise < 1.0:
+            raise ValueError(f"--label_noise must be in [0, 1), got {self.label_noise}")
+        if self.label_noise and self.task != "text-classification":
+            raise ValueError(f"--label_noise flips class labels; --task {self.task!r} has none (use "
+                             "--task text-classification)")
 
 
 @dataclass
@@ -81,6 +97,8 @@ class TextData:
     text_column: str
     label_column: str | None
     label_names: list[str] | None
+    #: Positions in ``train`` whose label --label_noise flipped (sorted).
+    noisy_positions: numpy.ndarray = field(default_factory=lambda: numpy.empty(0, dtype=numpy.int64))
 
 
 def load_text_data(args: TextDataArguments) -> TextData:
@@ -122,7 +140,24 @@ def load_text_data(args: TextDataArguments) -> TextData:
     if not declared:  # inferred from the values: one stray label would add a class without a word
         used = {where: train if where.startswith("--train_split") else evaluation for where in used}
         warn_of_rare_classes({where: _class_ids(split, label_column) for where, split in used.items()}, label_column)
-    return TextData(train, evaluation, dataset_id, text_column, label_column, names)
+    noisy = numpy.empty(0, dtype=numpy.int64)
+    if args.label_noise:
+        train, noisy = _flip_labels(train, label_column, len(names), args.label_noise, args.label_noise_seed)
+    return TextData(train, evaluation, dataset_id, text_column, label_column, names, noisy)
+
+
+def _flip_labels(dataset: datasets.Dataset, column: str, num_classes: int, fraction: float,
+                 seed: int) -> tuple[datasets.Dataset, numpy.ndarray]:
+    """``dataset`` with ``flip_labels``' noise in ``column`` (class ids), and the flipped positions."""
+    labels, flipped = flip_labels(torch.as_tensor(_class_ids(dataset, column)), fraction, num_classes, seed)
+    logger.info("label noise: flipped %d of %d training labels", len(flipped), len(labels))
+    labels = labels.numpy()
+
+    def replace(batch, positions):
+        return {column: labels[positions].tolist()}
+
+    dataset = dataset.map(replace, batched=True, with_indices=True, features=dataset.features, desc="label noise")
+    return dataset, flipped.numpy()
 
 
 def check_labels(split: datasets.Dataset, column: str, where: str) -> None:

@@ -180,14 +180,13 @@ def label_issue_rows(root: str) -> list[str]:
     return lines
 
 
-#: Rankings any record allows without training again (higher: likelier flipped). The first is the one
-#: `hf_selective_backprop.record.label_issues` uses (its order, lowest confidence first; fixed before these were
-#: compared); the others read the record's other columns.
+#: Rankings any record allows without training again (higher: likelier flipped), the `record.label_issues` orders
+#: named. The first is the one label_issues.py scores as "record" (fixed before these were compared).
 SUSPICION = {
-    "lowest confidence (record.label_issues)": lambda t: -t["confidence"],
-    "highest mean loss": lambda t: t["mean_loss"],
+    "lowest mean confidence (by='confidence')": lambda t: -t["confidence"],
+    "highest mean loss (by='mean_loss')": lambda t: t["mean_loss"],
     "highest first loss (epoch 1, before its own update)": lambda t: t["first_loss"],
-    "highest last loss": lambda t: t["last_loss"],
+    "highest last loss (by='last_loss', the default)": lambda t: t["last_loss"],
     "lowest correctness": lambda t: -t["correctness"],
     "latest first learned (never: last)": lambda t: numpy.where(t["first_learned_epoch"] < 0, numpy.inf,
                                                                t["first_learned_epoch"]),

@@ -14,7 +14,9 @@ from tiny import TinyClassifier, make_config, make_dataset
 from transformers import Trainer
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer, record
+from hf_selective_backprop.data.noise import flip_labels
 from hf_selective_backprop.record.keeper import RECORD_STATE_FILE
+from hf_selective_backprop.record.pruning import kept_ids
 from hf_selective_backprop.record.table import SCORED, TRAINED, ExampleRecord
 
 STRATEGIES = dict(
@@ -269,18 +271,49 @@ def test_label_issue_candidates_rank_flipped_labels_first(output_dir):
     data, flipped = _noisy_dataset()
     args = make_config(output_dir, sb_strategy="none", num_train_epochs=6)
     SelectiveBackpropTrainer(model=TinyClassifier(), args=args, train_dataset=data).train()
-    ranked = record.label_issues(record.load_record(output_dir), top=len(flipped))
-    precision = len(flipped & set(ranked["index"])) / len(flipped)
-    assert precision > 0.5  # 0.1 by chance
-    assert ranked["label_issue_rank"] == list(range(len(flipped)))
-    assert all(a <= b for a, b in zip(ranked["confidence"], ranked["confidence"][1:], strict=False))
-    hard = record.label_issues(record.load_record(output_dir))
+    table = record.load_record(output_dir)
+    for by, column, descending in (("last_loss", "last_loss", True), ("mean_loss", "mean_loss", True),
+                                   ("confidence", "confidence", False)):
+        ranked = record.label_issues(table, top=len(flipped), by=by)
+        assert len(flipped & set(ranked["index"])) / len(flipped) > 0.5, by  # 0.1 by chance
+        assert ranked["label_issue_rank"] == list(range(len(flipped)))
+        values = ranked[column][::-1] if descending else ranked[column]
+        assert values == sorted(values), by
+    default = record.label_issues(table, top=len(flipped))
+    assert default["index"] == record.label_issues(table, top=len(flipped), by="last_loss")["index"]
+    hard = record.label_issues(table)
     assert set(hard["region"]) == {record.HARD}
+
+
+def test_label_issues_rank_by_mean_loss_or_by_confidence_and_put_unscored_rows_last():
+    nan = float("nan")
+    # Row 1: one scoring at p(gold) 0.001 and one at 0.7 (mean loss 3.63): likelier by loss than row 0 (p 0.3
+    # twice, loss 1.20), less likely by confidence (0.35 against 0.30). Row 2 never scored.
+    table = Dataset.from_dict({"index": [0, 1, 2], "mean_loss": [1.20, 3.63, nan], "last_loss": [1.20, 0.36, nan],
+                               "confidence": [0.30, 0.35, nan], "variability": [0.0, 0.35, nan],
+                               "region": [record.HARD, record.HARD, None]})
+    assert record.label_issues(table, top=3, by="mean_loss")["index"] == [1, 0, 2]
+    assert record.label_issues(table, top=3, by="last_loss")["index"] == [0, 1, 2]
+    assert record.label_issues(table, top=3, by="confidence")["index"] == [0, 1, 2]
+    with pytest.raises(ValueError, match="by must be one of mean_loss, last_loss, confidence, got 'margin'"):
+        record.label_issues(table, by="margin")
 
 
 def _a_record(scores):
     return Dataset.from_dict({"index": list(range(len(scores))), "mean_loss": scores,
                               "confidence": [-s for s in scores]})
+
+
+@pytest.mark.parametrize("by", ["random", "confidence"])
+def test_a_subset_drawn_with_the_label_noises_seed_holds_the_noise_at_its_rate(by):
+    # One seed for the flips and the subset: a draw retracing the flips' permutation keeps every flipped label
+    # (a share of 0.25 in a random 80 % of 20 % noise). 'confidence' ties everywhere: its tie-break is that draw.
+    count = 2000
+    _, flipped = flip_labels(torch.zeros(count, dtype=torch.long), 0.2, 10, seed=0)
+    ids = numpy.arange(count)
+    table = Dataset.from_dict({"index": ids.tolist(), "confidence": [0.5] * count})
+    kept = kept_ids(table, ids, 0.8, by, seed=0, id_column="index")
+    assert len(kept) == 1600 and abs(numpy.isin(kept, flipped.numpy()).mean() - 0.2) < 0.03
 
 
 def test_prune_keeps_the_highest_scores_and_random_is_a_seeded_subset_of_the_same_size():

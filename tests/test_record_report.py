@@ -85,8 +85,8 @@ def test_every_ranking_of_a_noisy_runs_record_is_scored_beside_cleanlabs(tmp_pat
     (run.parent / "cleanlab" / "label_issues.json").write_text(json.dumps(
         {"cleanlab": {"precision_at_flips": 0.5, "auroc": 0.75, "trainings": 5}}))
     rows = record_ranking_rows(str(tmp_path))
-    assert "| lowest confidence (record.label_issues) | 1.000 ± 0.000 (1.000) | 1.000 ± 0.000 (1.000) |" in rows
-    assert "| highest mean loss | 0.000 ± 0.000 (0.000) | 0.000 ± 0.000 (0.000) |" in rows
+    assert "| lowest mean confidence (by='confidence') | 1.000 ± 0.000 (1.000) | 1.000 ± 0.000 (1.000) |" in rows
+    assert "| highest mean loss (by='mean_loss') | 0.000 ± 0.000 (0.000) | 0.000 ± 0.000 (0.000) |" in rows
     assert "| latest first learned (never: last) | 1.000 ± 0.000 (1.000) | 1.000 ± 0.000 (1.000) |" in rows
     assert "| most forgetting events | 0.000 ± 0.000 (0.000) | 0.500 ± 0.000 (0.500) |" in rows  # all tied
     assert "| cleanlab 5-fold (5 trainings) | 0.500 ± 0.000 (0.500) | 0.750 ± 0.000 (0.750) |" in rows

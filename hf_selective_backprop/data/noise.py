@@ -47,6 +47,11 @@ def holdout_positions(size: int, fraction: float, seed: int) -> torch.Tensor:
             f"--holdout_fraction {fraction} of {size} training rows holds out {count}: both the holdout and the rest "
             "need at least one row"
         )
-    stream_seed = int(np.random.SeedSequence([_HOLDOUT_STREAM, seed]).generate_state(1, np.uint64)[0] >> 1)
-    generator = torch.Generator().manual_seed(stream_seed)
-    return torch.randperm(size, generator=generator)[:count].sort().values
+    return torch.randperm(size, generator=stream_generator(_HOLDOUT_STREAM, seed))[:count].sort().values
+
+
+def stream_generator(stream: int, seed: int) -> torch.Generator:
+    """A generator for the draw named ``stream``, independent of `flip_labels`' (and every other stream's) for every
+    pair of seeds: two draws seeded alike from the bare seed would take the same permutation of the rows."""
+    stream_seed = int(np.random.SeedSequence([stream, seed]).generate_state(1, np.uint64)[0] >> 1)
+    return torch.Generator().manual_seed(stream_seed)

@@ -19,12 +19,12 @@ import numpy
 
 from .files import DATA_MAP_FILE, RECORD_FILE, load_record, record_dataset
 from .pruning import kept_ids
-from .scores import AMBIGUOUS, EASY, HARD, PRUNE_SCORES, label_issue_order
+from .scores import AMBIGUOUS, EASY, HARD, LABEL_ISSUE_RANKINGS, PRUNE_SCORES, label_issue_order
 from .table import ExampleRecord
 
 __all__ = [
-    "AMBIGUOUS", "DATA_MAP_FILE", "EASY", "HARD", "PRUNE_SCORES", "RECORD_FILE", "ExampleRecord", "data_map",
-    "label_issues", "load_record", "prune", "record_dataset",
+    "AMBIGUOUS", "DATA_MAP_FILE", "EASY", "HARD", "LABEL_ISSUE_RANKINGS", "PRUNE_SCORES", "RECORD_FILE",
+    "ExampleRecord", "data_map", "label_issues", "load_record", "prune", "record_dataset",
 ]
 
 
@@ -35,14 +35,17 @@ def data_map(table: datasets.Dataset, path: str, title: str | None = None) -> di
     return draw_data_map(table, path, title)
 
 
-def label_issues(table: datasets.Dataset, top: int | None = None) -> datasets.Dataset:
-    """The record's rows ranked from likeliest label issue (lowest confidence, then lowest variability), with
-    their rank in ``label_issue_rank``: the ``top`` first, or (``top=None``) those of the hard-to-learn region."""
+def label_issues(table: datasets.Dataset, top: int | None = None, by: str = "last_loss") -> datasets.Dataset:
+    """The record's rows ranked from likeliest label issue, with their rank in ``label_issue_rank``: the ``top``
+    first, or (``top=None``) those of the hard-to-learn region. ``by``: one of `LABEL_ISSUE_RANKINGS`; the last
+    loss ranked flipped labels above the mean confidence in every measured run (docs/record/benchmarks.md)."""
     import torch
 
-    confidence = torch.tensor(numpy.nan_to_num(numpy.asarray(table["confidence"], dtype=float), nan=numpy.inf))
-    variability = torch.tensor(numpy.asarray(table["variability"], dtype=float))
-    order = label_issue_order(confidence, variability).numpy()
+    if by not in LABEL_ISSUE_RANKINGS:
+        raise ValueError(f"by must be one of {', '.join(LABEL_ISSUE_RANKINGS)}, got {by!r}")
+    needed = {"confidence", "variability"} if by == "confidence" else {by}
+    columns = {name: torch.tensor(numpy.asarray(table[name], dtype=float)) for name in needed}
+    order = label_issue_order(columns, by).numpy()
     ranked = table.select(order).add_column("label_issue_rank", list(range(len(order))))
     if top is not None:
         return ranked.select(range(min(top, len(ranked))))

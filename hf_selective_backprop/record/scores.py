@@ -75,10 +75,24 @@ def regions(confidence: torch.Tensor, variability: torch.Tensor) -> list[str | N
     return names
 
 
-def label_issue_order(confidence: torch.Tensor, variability: torch.Tensor) -> torch.Tensor:
-    """Positions ranked from likeliest label issue: lowest confidence first, then lowest variability (the
-    hard-to-learn corner of the data map, where Cartography found most mislabeled examples)."""
-    by_variability = torch.argsort(variability, stable=True)
+#: The orders `label_issue_order` ranks by, likeliest label issue first.
+LABEL_ISSUE_RANKINGS = {
+    "mean_loss": "highest mean loss first: -log p(gold) keeps a label the model never fits far ahead of a hard "
+                 "example it fits late (O2U-Net's average loss, Huang et al., 2019)",
+    "last_loss": "highest loss at the last scoring first: the final model's view, which a short run has not yet "
+                 "spent on fitting the wrong labels",
+    "confidence": "lowest mean confidence first, then lowest variability: the hard-to-learn corner of the data map, "
+                  "where Cartography found most mislabeled examples",
+}
+
+
+def label_issue_order(columns: dict[str, torch.Tensor], by: str) -> torch.Tensor:
+    """Positions ranked from likeliest label issue by ``by`` (`LABEL_ISSUE_RANKINGS`); unscored (NaN) last."""
+    if by in ("mean_loss", "last_loss"):
+        suspicion = torch.nan_to_num(columns[by].double(), nan=float("-inf"))
+        return torch.argsort(suspicion, descending=True, stable=True)
+    confidence = torch.nan_to_num(columns["confidence"].double(), nan=float("inf"))
+    by_variability = torch.argsort(columns["variability"], stable=True)
     return by_variability[torch.argsort(confidence[by_variability], stable=True)]
 
 

@@ -6,7 +6,8 @@ size, and label issues found by one run's record against cleanlab's K-fold confi
 Pruning: per setting (source, score, kept share) the accuracy over seeds (mean ± sd), the second run's saving against
 Traditional ('full') in examples trained (the cost model) and in wall time, and end to end with the scoring run's
 examples and time added. Lossless: a mean at least Traditional's mean minus its sd. Label issues: precision at the
-true number of flips, the flagged set's precision and recall, AUROC, and the training each method took.
+true number of flips, the flagged set's precision and recall, AUROC, and the training each method took; then every
+ranking the noisy runs' records allow (`SUSPICION`), read from the same runs, beside cleanlab's.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from tiny import make_image_dataset
 from torch.utils.data import DataLoader
 from transformers import HfArgumentParser, default_data_collator
 
@@ -206,6 +207,14 @@ def test_eval_and_unaugmented_rows_have_no_randomness(tiny_cifar, tmp_path):
     assert not torch.equal(data.train[3]["pixel_values"], data.train[3]["pixel_values"])
     data.train.transform.augment = False  # the switch that turns augmentation off
     assert torch.equal(data.train[3]["pixel_values"], data.train[3]["pixel_values"])
+
+
+def test_a_dataset_moved_to_a_device_shares_its_rows_and_keeps_its_ids_on_the_host():
+    dataset = make_image_dataset(16)
+    dataset.noisy_indices = torch.tensor([3])
+    moved = dataset.to("cpu")  # tests/test_gpu.py moves one to a GPU
+    assert moved.images is dataset.images and moved.index is dataset.index and moved.transform is dataset.transform
+    assert torch.equal(moved.noisy_indices, dataset.noisy_indices) and moved.fingerprint() == dataset.fingerprint()
 
 
 def test_workers_draw_different_augmentations_reproducibly(tmp_path):

@@ -18,7 +18,7 @@ from test_streams import write_parquet
 from tiny import TinyClassifier, TinyConv, make_config, make_dataset, make_image_dataset
 from transformers.trainer_utils import get_last_checkpoint
 
-from hf_selective_backprop import SelectiveBackpropTrainer, losses
+from hf_selective_backprop import SelectiveBackpropTrainer, losses, record
 from hf_selective_backprop.engine import transfer
 
 pytestmark = pytest.mark.gpu
@@ -64,6 +64,24 @@ def test_to_host_copies_the_device_tensors_once_and_leaves_host_ones(tmp_path):
     assert len(cuda_syncs(lambda: copied.extend(transfer.to_host(ids, losses)))) == 1
     assert [t.device.type for t in copied] == ["cpu", "cpu"]
     assert torch.equal(copied[0], ids) and torch.equal(copied[1], losses.cpu())
+
+
+def test_a_dataset_held_on_the_gpu_augments_as_on_the_host_and_trains_with_its_record(output_dir):
+    host, held = make_image_dataset(64), make_image_dataset(64).to("cuda")  # two generators, one seed
+    positions = list(range(0, 64, 3))
+    for on_host, on_device in zip(host.__getitems__(positions), held.__getitems__(positions), strict=True):
+        assert on_device["pixel_values"].is_cuda and on_device["labels"].is_cuda
+        assert not on_device["index"].is_cuda  # ids stay where selection and the record key examples by them
+        torch.testing.assert_close(on_device["pixel_values"].cpu(), on_host["pixel_values"])
+        assert on_device["labels"].item() == on_host["labels"].item() and on_device["index"] == on_host["index"]
+    assert held.fingerprint() == host.fingerprint()
+    trainer = SelectiveBackpropTrainer(
+        model=TinyConv(), args=cuda_config(output_dir, dataloader_pin_memory=False, sb_keep=0.5),
+        train_dataset=make_image_dataset(64).to("cuda"),
+    )
+    trainer.train()
+    assert trainer.sb_stats["backwards"] > 0
+    assert sorted(record.load_record(output_dir)["index"]) == list(range(64))
 
 
 @pytest.mark.parametrize("staleness", [1, 3])

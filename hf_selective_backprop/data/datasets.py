@@ -76,6 +76,17 @@ class ImageTensorDataset(torch.utils.data.Dataset):
         view.noisy_indices = self.noisy_indices
         return view
 
+    def to(self, device: torch.device | str) -> ImageTensorDataset:
+        """The same rows with images and labels held on ``device`` (a GPU): batches are gathered and augmented
+        there, so a small dataset costs the host no per-batch copies. The ids stay on the host, where selection
+        and the record key examples by them. Train with ``dataloader_pin_memory=False`` (only host memory pins)
+        and no loader workers."""
+        moved = ImageTensorDataset(
+            self.images.to(device), self.labels.to(device), self.transform, self.index, self.index_column
+        )
+        moved.noisy_indices = self.noisy_indices
+        return moved
+
     def example_ids(self) -> torch.Tensor | None:
         """The id of every row, without loading (and augmenting) any: what selection keys examples by."""
         return self.index
@@ -100,7 +111,7 @@ class ImageTensorDataset(torch.utils.data.Dataset):
         positions = torch.linspace(0, len(self.images) - 1, min(len(self.images), images_hashed)).long()
         for tensor in (self.labels, self.index, self.images[positions]):
             if tensor is not None:
-                digest.update(tensor.contiguous().numpy().tobytes())
+                digest.update(tensor.contiguous().cpu().numpy().tobytes())
         return digest.hexdigest()
 
 

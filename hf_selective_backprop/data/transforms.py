@@ -1,7 +1,9 @@
 """CIFAR-style augmentation and normalization on whole uint8 batches.
 
 Random crop with zero padding, horizontal flip and cutout are vectorised over the batch,
-so augmenting costs a few tensor ops per batch instead of PIL work per image.
+so augmenting costs a few tensor ops per batch instead of PIL work per image. Images may live
+on an accelerator (a dataset held on the GPU): the random draws come from a CPU generator, whose
+state a checkpoint saves whatever the device, and only the few offsets they give are copied over.
 """
 
 from __future__ import annotations
@@ -17,17 +19,17 @@ def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) 
     """Pad each side with ``padding`` zeros and crop back to the original size at random offsets."""
     batch, channels, height, width = images.shape
     padded = torch.nn.functional.pad(images, (padding,) * 4).flatten(2)
-    top = torch.randint(0, 2 * padding + 1, (batch, 1, 1), generator=generator)
-    left = torch.randint(0, 2 * padding + 1, (batch, 1, 1), generator=generator)
+    top = torch.randint(0, 2 * padding + 1, (batch, 1, 1), generator=generator).to(images.device)
+    left = torch.randint(0, 2 * padding + 1, (batch, 1, 1), generator=generator).to(images.device)
     # One gather over flattened pixels: ~3x faster than 4-D advanced indexing.
-    rows = (top + torch.arange(height)[:, None]) * (width + 2 * padding)
-    pixels = (rows + left + torch.arange(width)).reshape(batch, 1, height * width)
+    rows = (top + torch.arange(height, device=images.device)[:, None]) * (width + 2 * padding)
+    pixels = (rows + left + torch.arange(width, device=images.device)).reshape(batch, 1, height * width)
     return padded.gather(2, pixels.expand(-1, channels, -1)).reshape(batch, channels, height, width)
 
 
 def random_hflip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Mirror each image left-right with probability 1/2."""
-    flip = torch.rand(images.shape[0], generator=generator) < 0.5
+    flip = (torch.rand(images.shape[0], generator=generator) < 0.5).to(images.device)
     out = images.clone()
     out[flip] = images[flip].flip(-1)
     return out
@@ -40,10 +42,10 @@ def cutout(images: torch.Tensor, length: int, generator: torch.Generator) -> tor
     smaller there, and it is applied after normalization (zero = the dataset's mean).
     """
     batch, _, height, width = images.shape
-    cy = torch.randint(0, height, (batch, 1), generator=generator)
-    cx = torch.randint(0, width, (batch, 1), generator=generator)
-    ys = torch.arange(height) - (cy - length // 2)
-    xs = torch.arange(width) - (cx - length // 2)
+    cy = torch.randint(0, height, (batch, 1), generator=generator).to(images.device)
+    cx = torch.randint(0, width, (batch, 1), generator=generator).to(images.device)
+    ys = torch.arange(height, device=images.device) - (cy - length // 2)
+    xs = torch.arange(width, device=images.device) - (cx - length // 2)
     inside = ((ys >= 0) & (ys < length))[:, :, None] & ((xs >= 0) & (xs < length))[:, None, :]
     return images.masked_fill(inside[:, None], 0.0)
 
@@ -83,16 +85,21 @@ class BatchTransform:
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         if not self.augment:
-            return images.float() * self.scale + self.shift
+            return self._normalize(images)
         generator = self._current_generator()
         if self.crop_padding:
             images = random_crop(images, self.crop_padding, generator)
         if self.hflip:
             images = random_hflip(images, generator)
-        images = images.float() * self.scale + self.shift
+        images = self._normalize(images)
         if self.cutout:
             images = cutout(images, self.cutout, generator)
         return images
+
+    def _normalize(self, images: torch.Tensor) -> torch.Tensor:
+        if self.scale.device != images.device:  # moved once, not copied every batch
+            self.scale, self.shift = self.scale.to(images.device), self.shift.to(images.device)
+        return images.float() * self.scale + self.shift
 
     def without_augmentation(self) -> BatchTransform:
         """The same normalization, no random augmentation (and no draw from this transform's generator)."""

@@ -48,6 +48,8 @@ RUNS = {
     "full-record-off": ["--sb_record", "false"],
     "variability": ["--sb_subset_keep", str(KEEP), "--sb_subset_by", "variability"],
     "random": ["--sb_subset_keep", str(KEEP), "--sb_subset_by", "random"],
+    "overhead-on": [],
+    "overhead-off": ["--sb_record", "false"],
 }
 
 
@@ -66,8 +68,20 @@ def main() -> int:
     parser.add_argument("--learning_rate", type=float, default=0.1)
     parser.add_argument("--budget_seconds", type=float, default=480,
                         help="skip a run that would end after this many seconds from the start")
+    parser.add_argument("--overhead_pairs", type=int, default=0,
+                        help="after the seeds: this many more pairs of Traditional runs with the record off and on "
+                             "(the same seed, the order alternating), for the record's overhead per step")
+    parser.add_argument("--overhead_epochs", type=float, default=2)
     parser.add_argument("--extra", default="", help="more scripts/train.py flags for every run")
+    parser.add_argument("--merge", nargs="+", metavar="RESULTS_JSON",
+                        help="train nothing: render OUT/report.md from these results.json files (several calls)")
     options = parser.parse_args()
+    if options.merge:
+        merged = merge([json.loads(Path(path).read_text()) for path in options.merge])
+        Path(options.output_dir, "results.json").write_text(json.dumps(merged, indent=1))
+        Path(options.output_dir, "report.md").write_text(render(merged))
+        print(render(merged))
+        return 0
     out, work = Path(options.output_dir), Path(options.work_dir)
     out.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(work, ignore_errors=True)
@@ -105,6 +119,15 @@ def main() -> int:
             record_run(results, out, name, seed, train(flags, folder), start)
             if name == "full" and not (out / "data_map.png").exists() and (folder / "data_map.png").exists():
                 shutil.copy(folder / "data_map.png", out / "data_map.png")
+    for pair in range(options.overhead_pairs):
+        for name in ("overhead-off", "overhead-on") if pair % 2 == 0 else ("overhead-on", "overhead-off"):
+            elapsed = time.perf_counter() - start
+            if elapsed + estimate(results, name, options.overhead_epochs / options.epochs) > options.budget_seconds:
+                print(f"skipped pair {pair} {name}: {elapsed:.0f} s spent of {options.budget_seconds:.0f}", flush=True)
+                continue
+            flags = common + ["--classes", "5,6,7,8,9", "--model_name_or_path", str(pretrained), "--seed", "0",
+                              "--num_train_epochs", str(options.overhead_epochs), *RUNS[name]]
+            record_run(results, out, name, 0, train(flags, work / f"pair{pair}" / name), start, pair=pair)
     report = render(results)
     (out / "report.md").write_text(report)
     print(report)
@@ -148,11 +171,13 @@ def train(flags: list[str], folder: Path) -> dict:
             "steps": state["global_step"], "examples": result.stats["backwards"]}
 
 
-def record_run(results: dict, out: Path, name: str, seed: int, run: dict, start: float) -> None:
+def record_run(results: dict, out: Path, name: str, seed: int, run: dict, start: float,
+               pair: int | None = None) -> None:
     elapsed = time.perf_counter() - start
     before = results["runs"][-1]["elapsed_seconds"] if results["runs"] else 0.0
     run = {"name": name, "seed": seed, **run, "elapsed_seconds": round(elapsed, 1),
-           "wall_seconds": round(elapsed - before, 1), "seconds_per_step": run["train_seconds"] / max(run["steps"], 1)}
+           "wall_seconds": round(elapsed - before, 1), "seconds_per_step": run["train_seconds"] / max(run["steps"], 1),
+           "pair": pair}
     results["runs"].append(run)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     accuracy = "n/a" if run["accuracy"] is None else f"{run['accuracy']:.4f}"
@@ -160,9 +185,10 @@ def record_run(results: dict, out: Path, name: str, seed: int, run: dict, start:
           f"{run['train_seconds']:.1f} s training ({1000 * run['seconds_per_step']:.1f} ms/step)", flush=True)
 
 
-def estimate(results: dict, name: str) -> float:
+def estimate(results: dict, name: str, epochs_share: float = 1.0) -> float:
     """Seconds the next run called ``name`` should take, start to end: the training time of the last such run (else
-    of a full one, scaled by the kept share), with a margin, plus the most any run spent outside its training."""
+    of the last run, scaled by the kept share and ``epochs_share``), with a margin, plus the most any run spent
+    outside its training."""
     runs = [run for run in results["runs"] if run["name"] != "pretrain"]
     if not runs:
         return 0.0
@@ -170,7 +196,7 @@ def estimate(results: dict, name: str) -> float:
     if same:
         training = same[-1]["train_seconds"]
     else:
-        training = runs[-1]["train_seconds"] * (KEEP if name in ("variability", "random") else 1.0)
+        training = runs[-1]["train_seconds"] * (KEEP if name in ("variability", "random") else 1.0) * epochs_share
     return 1.2 * training + max(run["wall_seconds"] - run["train_seconds"] for run in runs)
 
 
@@ -205,7 +231,36 @@ def render(results: dict) -> str:
         gaps = [f"{100 * (a['accuracy'] - b['accuracy']):+.2f}" if a and b else "-"
                 for a, b in ((variability, random), (variability, full))]
         lines.append(f"| {seed} | {overhead} | {saving[0]} | {saving[1]} | {gaps[0]} | {gaps[1]} |")
+    pairs = sorted({run["pair"] for run in runs if run.get("pair") is not None})
+    if pairs:
+        lines += ["", f"The record's overhead per step in {len(pairs)} more pairs of Traditional runs "
+                  f"({settings['overhead_epochs']:g} epochs each, one seed; off first in even pairs):", "",
+                  "| pair | ms per step, record off | ms per step, record on | on / off - 1 |", "|---|---|---|---|"]
+        for pair in pairs:
+            by_name = {run["name"]: run for run in runs if run.get("pair") == pair}
+            off, on = by_name.get("overhead-off"), by_name.get("overhead-on")
+            if off and on:
+                lines.append(f"| {pair} | {1000 * off['seconds_per_step']:.2f} | {1000 * on['seconds_per_step']:.2f} | "
+                             f"{100 * (on['seconds_per_step'] / off['seconds_per_step'] - 1):+.2f} % |")
     return "\n".join(lines) + "\n"
+
+
+def merge(calls: list[dict]) -> dict:
+    """One table from several calls (a lent GPU's time runs out between seeds): their runs, seeds and commands."""
+    settings = dict(calls[0]["settings"])
+    settings["seeds"] = sorted({seed for call in calls for seed in call["settings"]["seeds"]
+                                if any(run["seed"] == seed and run["name"] == "full" for run in call["runs"])})
+    settings["overhead_epochs"] = next((call["settings"].get("overhead_epochs") for call in calls
+                                        if call["settings"].get("overhead_pairs")), 2)
+    pair_offset, runs = 0, []
+    for call in calls:
+        for run in call["runs"]:
+            if run.get("pair") is not None:
+                run = {**run, "pair": run["pair"] + pair_offset}
+            runs.append(run)
+        pair_offset += call["settings"].get("overhead_pairs", 0)
+    return {"settings": settings, "calls": [{"settings": c["settings"], "provenance": c["provenance"]} for c in calls],
+            "runs": runs}
 
 
 def spread(values: list[float], digits: int) -> str:

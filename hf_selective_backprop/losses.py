@@ -11,6 +11,7 @@ the Trainer's ``num_items_in_batch`` when it passes one.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable
 
@@ -82,16 +83,16 @@ def check_class_labels(labels: torch.Tensor, num_classes: int, label_name: str =
 
 
 def cross_entropy_per_example(
-    outputs, labels: torch.Tensor, label_smoothing: float = 0.0, label_name: str = "labels"
+    outputs, labels: torch.Tensor, label_smoothing: float = 0.0, label_name: str = "labels", check_labels: bool = True
 ) -> torch.Tensor:
     """Cross-entropy per example: the mean of it over non-ignored rows is the Trainer's loss.
 
     Computed in float32 so a bf16 selection pass ranks examples on the same scale as fp32.
     Rows labelled -100 get loss 0, as they contribute nothing to the model's loss. Labels
-    outside the logits' classes raise a ValueError naming ``label_name``.
+    outside the logits' classes raise a ValueError naming ``label_name`` (unless not ``check_labels``).
     """
     logits = logits_of(outputs)
-    if logits.dim() == 2 and labels.dim() == 1:
+    if check_labels and logits.dim() == 2 and labels.dim() == 1:
         check_class_labels(labels, logits.shape[-1], label_name)
     return F.cross_entropy(
         logits.float(),
@@ -128,6 +129,9 @@ class ExampleLoss:
         self.config = config
         self.label_smoothing = label_smoothing
         self.label_name = label_name
+        #: Whether class labels are checked first (`check_class_labels`, one wait for the device a call);
+        #: `labels_already_read` turns it off where the model's own loss has read the same labels.
+        self.check_labels = True
 
     def __call__(self, outputs, labels: torch.Tensor) -> torch.Tensor:
         sums, counts = self.sums_and_counts(outputs, labels)
@@ -144,9 +148,11 @@ class ExampleLoss:
         if problem_type == "single_label_classification":
             if labels.dtype.is_floating_point and labels.shape == logits.shape:
                 # Class probabilities (soft targets): one item per example.
-                losses = cross_entropy_per_example(logits, labels, self.label_smoothing, self.label_name)
+                losses = cross_entropy_per_example(logits, labels, self.label_smoothing, self.label_name,
+                                                   self.check_labels)
                 return losses, torch.ones_like(losses)
-            losses = cross_entropy_per_example(logits, labels.reshape(-1), self.label_smoothing, self.label_name)
+            losses = cross_entropy_per_example(logits, labels.reshape(-1), self.label_smoothing, self.label_name,
+                                               self.check_labels)
             return losses, (labels.reshape(-1) != IGNORE_INDEX).to(losses.dtype)
         if self.label_smoothing and problem_type == "regression":
             raise ValueError(
@@ -186,7 +192,8 @@ class ExampleLoss:
         return "multi_label_classification"
 
     def _token_losses(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        check_class_labels(labels, logits.shape[-1], self.label_name)
+        if self.check_labels:
+            check_class_labels(labels, logits.shape[-1], self.label_name)
         rows, width, vocabulary = logits.shape
         tokens = torch.zeros(rows, width, dtype=torch.float32, device=logits.device)
         # A float32 copy of all [rows * width, vocabulary] logits would be gigabytes for a large
@@ -356,6 +363,23 @@ def _names(mapping) -> set[str]:
     for value in mapping.values():
         names.update((value,) if isinstance(value, str) else value)
     return names
+
+
+@contextlib.contextmanager
+def labels_already_read(loss_fn: PerExampleLoss):
+    """Within: ``loss_fn`` (an `ExampleLoss`; any other callable is left as it is) does not check class labels.
+
+    For a per-example loss computed after the model's own loss on the same labels, which fails on a bad one
+    first: the check would add nothing but a wait for the device, once every training step."""
+    checks = getattr(loss_fn, "check_labels", None)
+    if checks is None:
+        yield
+        return
+    loss_fn.check_labels = False
+    try:
+        yield
+    finally:
+        loss_fn.check_labels = checks
 
 
 def per_example_loss_for(model, label_smoothing: float = 0.0, label_name: str = "labels",

@@ -31,7 +31,7 @@ from .engine.padding import queue_padding
 from .engine.run_length import RunLength
 from .engine.scoring import SelectionScorer, selection_model
 from .engine.stall_guard import StallGuard
-from .losses import model_task, per_example_loss_for, weighted_loss
+from .losses import labels_already_read, model_task, per_example_loss_for, weighted_loss
 from .lr_schedule import schedule_for
 from .record import keeper as record_keeping
 from .record import setup as record_setup
@@ -327,13 +327,15 @@ class SelectiveBackpropMixin:
             # Outputs only when they are read: TRL's SFTTrainer runs a second forward to return them.
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         loss, outputs = self._loss_and_outputs(model, inputs, num_items_in_batch)
-        if weights is None:
-            with torch.no_grad():  # read, never differentiated: the step's gradients stay the Trainer's own
-                per_example = self.per_example_loss_func(outputs, labels)
-        else:
-            loss, per_example = weighted_loss(self.per_example_loss_func, outputs, labels, weights,
-                                              num_items_in_batch)
-            loss = loss * self.loss_scale_rule.factor(self, num_items_in_batch)
+        # The model's own loss has read these labels: checking them again would wait for the device every step.
+        with labels_already_read(self.per_example_loss_func):
+            if weights is None:
+                with torch.no_grad():  # read, never differentiated: the step's gradients stay the Trainer's own
+                    per_example = self.per_example_loss_func(outputs, labels)
+            else:
+                loss, per_example = weighted_loss(self.per_example_loss_func, outputs, labels, weights,
+                                                  num_items_in_batch)
+                loss = loss * self.loss_scale_rule.factor(self, num_items_in_batch)
         if refresh:
             # A trained example's training-forward loss is fresher than its stored one.
             self.engine.observe(ids, per_example.detach())

@@ -75,6 +75,8 @@ def test_a_dataset_held_on_the_gpu_augments_as_on_the_host_and_trains_with_its_r
         torch.testing.assert_close(on_device["pixel_values"].cpu(), on_host["pixel_values"])
         assert on_device["labels"].item() == on_host["labels"].item() and on_device["index"] == on_host["index"]
     assert held.fingerprint() == host.fingerprint()
+    held.__getitems__(positions)  # the first pinned copy of a process may wait once (see the test above)
+    assert cuda_syncs(lambda: held.__getitems__(positions)) == []  # gathered and augmented without a wait
     trainer = SelectiveBackpropTrainer(
         model=TinyConv(), args=cuda_config(output_dir, dataloader_pin_memory=False, sb_keep=0.5),
         train_dataset=make_image_dataset(64).to("cuda"),

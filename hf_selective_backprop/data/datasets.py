@@ -10,6 +10,7 @@ import datasets
 import numpy as np
 import torch
 
+from ..engine import transfer
 from .arguments import DataArguments
 from .decode import decode_images
 from .noise import flip_labels, holdout_positions
@@ -57,7 +58,8 @@ class ImageTensorDataset(torch.utils.data.Dataset):
 
     def __getitems__(self, positions: list[int]) -> list[dict]:
         positions = torch.as_tensor(positions, dtype=torch.int64)
-        columns = {"pixel_values": self.transform(self.images[positions]), "labels": self.labels[positions]}
+        held = transfer.to_device(positions, self.images.device)  # gathering with host positions would wait for a GPU
+        columns = {"pixel_values": self.transform(self.images[held]), "labels": self.labels[held]}
         if self.index is not None:
             columns[self.index_column] = self.index[positions]
         # unbind: one call for all row views instead of an indexing op per row and column.

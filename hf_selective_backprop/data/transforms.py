@@ -3,7 +3,8 @@
 Random crop with zero padding, horizontal flip and cutout are vectorised over the batch,
 so augmenting costs a few tensor ops per batch instead of PIL work per image. Images may live
 on an accelerator (a dataset held on the GPU): the random draws come from a CPU generator, whose
-state a checkpoint saves whatever the device, and only the few offsets they give are copied over.
+state a checkpoint saves whatever the device, and only the few offsets they give are copied over, from pinned
+memory without waiting for the device.
 """
 
 from __future__ import annotations
@@ -14,13 +15,15 @@ from collections.abc import Sequence
 import torch
 from torch.utils.data import get_worker_info
 
+from ..engine import transfer
+
 
 def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) -> torch.Tensor:
     """Pad each side with ``padding`` zeros and crop back to the original size at random offsets."""
     batch, channels, height, width = images.shape
     padded = torch.nn.functional.pad(images, (padding,) * 4).flatten(2)
-    top = torch.randint(0, 2 * padding + 1, (batch, 1, 1), generator=generator).to(images.device)
-    left = torch.randint(0, 2 * padding + 1, (batch, 1, 1), generator=generator).to(images.device)
+    top = transfer.to_device(torch.randint(0, 2 * padding + 1, (batch, 1, 1), generator=generator), images.device)
+    left = transfer.to_device(torch.randint(0, 2 * padding + 1, (batch, 1, 1), generator=generator), images.device)
     # One gather over flattened pixels: ~3x faster than 4-D advanced indexing.
     rows = (top + torch.arange(height, device=images.device)[:, None]) * (width + 2 * padding)
     pixels = (rows + left + torch.arange(width, device=images.device)).reshape(batch, 1, height * width)
@@ -29,10 +32,9 @@ def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) 
 
 def random_hflip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Mirror each image left-right with probability 1/2."""
-    flip = (torch.rand(images.shape[0], generator=generator) < 0.5).to(images.device)
-    out = images.clone()
-    out[flip] = images[flip].flip(-1)
-    return out
+    flip = transfer.to_device(torch.rand(images.shape[0], generator=generator) < 0.5, images.device)
+    # A select, not boolean-mask indexing: that sizes its output by the data, a wait for a GPU every batch.
+    return torch.where(flip.view(-1, *(1,) * (images.dim() - 1)), images.flip(-1), images)
 
 
 def cutout(images: torch.Tensor, length: int, generator: torch.Generator) -> torch.Tensor:
@@ -42,8 +44,8 @@ def cutout(images: torch.Tensor, length: int, generator: torch.Generator) -> tor
     smaller there, and it is applied after normalization (zero = the dataset's mean).
     """
     batch, _, height, width = images.shape
-    cy = torch.randint(0, height, (batch, 1), generator=generator).to(images.device)
-    cx = torch.randint(0, width, (batch, 1), generator=generator).to(images.device)
+    cy = transfer.to_device(torch.randint(0, height, (batch, 1), generator=generator), images.device)
+    cx = transfer.to_device(torch.randint(0, width, (batch, 1), generator=generator), images.device)
     ys = torch.arange(height, device=images.device) - (cy - length // 2)
     xs = torch.arange(width, device=images.device) - (cx - length // 2)
     inside = ((ys >= 0) & (ys < length))[:, :, None] & ((xs >= 0) & (xs < length))[:, None, :]

@@ -332,6 +332,13 @@ def test_prune_keeps_the_highest_scores_and_random_is_a_seeded_subset_of_the_sam
         record.prune(data, table, keep=0.0)
 
 
+def test_the_label_issues_subset_drops_the_highest_last_losses_first():
+    last = [0.3, 2.5, 0.1, 1.7, 0.9, 3.0, 0.2, 0.4, 0.05, 0.6]
+    table = Dataset.from_dict({"index": list(range(10)), "last_loss": last})
+    kept = kept_ids(table, numpy.arange(10), 0.7, "label_issues", seed=0, id_column="index")
+    assert set(range(10)) - set(kept.tolist()) == {5, 1, 3}  # record.label_issues' first three
+
+
 def test_sb_subset_from_trains_on_the_records_choice(tmp_path):
     first = str(tmp_path / "first")
     _trained(first, "none")

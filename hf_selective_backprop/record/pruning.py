@@ -8,7 +8,7 @@ import numpy
 import torch
 
 from ..data.noise import stream_generator
-from .scores import PRUNE_SCORES, keep_order
+from .scores import PRUNE_SCORES, keep_order, prune_column
 
 logger = logging.getLogger(__name__)
 #: Stream key of the subset's draw (its random subset and the ties of a score).
@@ -39,7 +39,8 @@ def kept_ids(record, dataset_ids: numpy.ndarray, keep: float, by: str, seed: int
         order = torch.randperm(len(dataset_ids), generator=generator).numpy()
         return numpy.sort(dataset_ids[order[:count]])
     record_ids = numpy.asarray(record[id_column], dtype=numpy.int64)
-    record_scores = numpy.asarray(record[by], dtype=float)
+    column, sign = prune_column(by)
+    record_scores = sign * numpy.asarray(record[column], dtype=float)
     by_id = numpy.argsort(record_ids)
     slot = numpy.searchsorted(record_ids, dataset_ids, sorter=by_id).clip(max=len(record_ids) - 1)
     found = record_ids[by_id[slot]] == dataset_ids if len(record_ids) else numpy.zeros(len(dataset_ids), bool)

@@ -25,8 +25,17 @@ PRUNE_SCORES = {
     "confidence": "the easiest (highest mean p(gold)); it drops the likeliest label issues first",
     "variability": "the most ambiguous (highest variability, Cartography's choice)",
     "forgetting_events": "the most forgotten (forgetting events, Toneva et al.)",
+    "label_issues": "all but the likeliest label issues (the lowest loss at the last scoring, so the examples "
+                    "record.label_issues ranks first are dropped first)",
     "random": "a uniform-random subset of the same size: the control every score must beat",
 }
+#: Scores read from another column of the record, and the sign that makes the kept examples the highest.
+_PRUNE_COLUMNS = {"label_issues": ("last_loss", -1.0)}
+
+
+def prune_column(by: str) -> tuple[str, float]:
+    """The record column ``by`` (a `PRUNE_SCORES` name other than random) is read from, and its sign."""
+    return _PRUNE_COLUMNS.get(by, (by, 1.0))
 
 
 def record_columns(record: ExampleRecord) -> dict[str, torch.Tensor]:

@@ -16,6 +16,7 @@ from ..engine.packing import swapped
 from .files import load_record
 from .keeper import RecordCallback
 from .pruning import kept_ids
+from .scores import prune_column
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,7 @@ def subset_record(args):
         record = load_record(source)
     except Exception as error:  # a missing file, an unreachable Hub, a file that is not a table: all name the flag
         raise ValueError(f"--sb_subset_from {source!r}: no example record could be read ({error})") from error
-    needed = [args.sb_index_column] + ([] if args.sb_subset_by == "random" else [args.sb_subset_by])
+    needed = [args.sb_index_column] + ([] if args.sb_subset_by == "random" else [prune_column(args.sb_subset_by)[0]])
     missing = [column for column in needed if column not in record.column_names]
     if missing:
         raise ValueError(

@@ -1,5 +1,5 @@
-"""The example record on a GPU-bound workload: pruning's wall-clock saving beside the cost model's, and the
-record's overhead per step (docs/record/benchmarks.md, "The record on a GPU").
+"""The example record on a GPU: pruning's wall-clock saving beside the cost model's, and the record's overhead
+per step (docs/record/benchmarks.md, "The record and pruning on one H200").
 
     python benchmarks/gpu_record.py --data DIR --output_dir OUT [--seeds 0 1 2] [--budget_seconds 480]
 
@@ -17,7 +17,8 @@ there, so the host's loader does not bound the step). Per seed, through scripts/
 
 Every run's accuracy, steps and training time go to OUT/results.json as it ends; a run that would end after
 --budget_seconds (estimated from the runs before it) is skipped, so a lent GPU's time ends with a complete table of
-what ran. OUT/report.md renders it. DIR holds `cifar10` in the Hub's layout.
+what ran; --overhead_pairs adds more record off/on pairs after the seeds. OUT/report.md renders it, and --merge
+renders one report from several calls' results.json. DIR holds `cifar10` in the Hub's layout.
 """
 
 from __future__ import annotations

@@ -26,6 +26,8 @@ import pyarrow.parquet
 from harness.label_metrics import auroc, precision_at_flips
 
 SETTING = re.compile(r"(?P<source>\w+?)-(?P<score>\w+)-keep(?P<keep>[\d.]+)$")
+#: The shorter runs that only score: the first N epochs ('epochN') and the proxy.
+SCORING_RUN = re.compile(r"epoch\d+|proxy")
 
 
 def run_summary(folder: str) -> dict | None:
@@ -77,7 +79,7 @@ def pruning_rows(root: str) -> list[str]:
     ]
     verdicts, random_lossless_keeps = [], []
     for name in sorted(runs, key=_setting_order):
-        if name in ("full", "epoch1", "proxy"):
+        if name == "full" or SCORING_RUN.fullmatch(name):
             continue
         seeds_done = runs[name]
         accuracies = [run["accuracy"] for run in seeds_done.values()]
@@ -130,7 +132,7 @@ def _scoring_runs(runs: dict) -> str:
     """The shorter scoring runs' own accuracy: a control of their cost that prunes nothing."""
     shown = [f"'{name}' ({_seeds(len(runs[name]))}) {_mean_sd([run['accuracy'] for run in runs[name].values()])} % "
              f"({statistics.mean(run['seconds'] for run in runs[name].values()):.0f} s)"
-             for name in ("epoch1", "proxy") if runs.get(name)]
+             for name in sorted(runs) if SCORING_RUN.fullmatch(name)]
     return f" Scoring runs alone: {', '.join(shown)}." if shown else ""
 
 

@@ -9,14 +9,15 @@
 # PARTS (in this order by default):
 #   pretrain  the stand-in checkpoint (run_finetune.sh's part of that name)
 #   scores    seeds $SEEDS: the runs whose records score the examples, each with its own cost: Traditional for $EPOCHS
-#             epochs ('full': also the accuracy bar), its first epoch alone ('epoch1': a 1-epoch run), and a proxy
+#             epochs ('full': also the accuracy bar), its first N epochs alone ('epochN' in $SOURCES), and a proxy
 #             ($PROXY_MODEL from scratch, without the stand-in's pretraining, for $PROXY_EPOCHS epochs: 'proxy', Selection
 #             via Proxy's weaker, cheaper model; PROXY_MODEL picks another timm architecture)
 #   prune     seeds $SEEDS: Traditional for $EPOCHS epochs on the subset each source x score in $SOURCES x $SCORES
 #             keeps at each of $KEEPS, and on a random subset of each size (the control)
 #   noisy     $NOISE of the labels flipped, seeds $NOISY_SEEDS: Traditional with the record, cleanlab's $FOLDS-fold
 #             cross-validation on the same data (benchmarks/label_issues.py), and Traditional without the record's
-#             candidates (the share flipped, lowest confidence first) beside a random subset of the same size
+#             candidates (the share flipped, lowest confidence first; DROP_BY=label_issues: highest last loss first,
+#             into without-candidates-label_issues/) beside a random subset of the same size
 #   report    benchmarks/record_report.py: $R/report.md
 # Every run is a process of its own, skipped when its trainer_state.json exists: killing this and starting it again
 # goes on where it stopped (the run in progress starts over). The savings are counted in examples trained (the cost
@@ -56,6 +57,7 @@ PROXY_EPOCHS=${PROXY_EPOCHS:-2}
 NOISE=${NOISE:-0.1 0.2}
 NOISY_SEEDS=${NOISY_SEEDS:-0 1 2}
 FOLDS=${FOLDS:-5}
+DROP_BY=${DROP_BY:-confidence}
 export OMP_NUM_THREADS=${THREADS:-2}
 read -r -a EXTRA <<<"${EXTRA:-}"
 LOCK=()
@@ -83,7 +85,11 @@ for PART in ${PARTS:-pretrain scores prune noisy report}; do
     scores)
         for SEED in $SEEDS; do
             train "$R/seed$SEED/full" --model_name_or_path "$PRETRAINED" --num_train_epochs "$EPOCHS" --seed "$SEED"
-            train "$R/seed$SEED/epoch1" --model_name_or_path "$PRETRAINED" --num_train_epochs 1 --seed "$SEED"
+            for SOURCE in $SOURCES; do  # epochN: the first N epochs alone (epoch1 by default)
+                [[ $SOURCE =~ ^epoch([0-9]+)$ ]] || continue
+                train "$R/seed$SEED/$SOURCE" --model_name_or_path "$PRETRAINED" --num_train_epochs "${BASH_REMATCH[1]}" \
+                    --seed "$SEED"
+            done
             if [[ " $SOURCES " == *" proxy "* ]]; then
                 train "$R/seed$SEED/proxy" --model "$PROXY_MODEL" --num_train_epochs "$PROXY_EPOCHS" --seed "$SEED"
             fi
@@ -122,8 +128,9 @@ for PART in ${PARTS:-pretrain scores prune noisy report}; do
                         "${NOISY[@]}" --record "$N/full" --folds "$FOLDS" --output_dir "$N/cleanlab"
                 fi
                 KEEP=$($PY -c "print(round(1 - $P, 4))")
-                train "$N/without-candidates" "${NOISY[@]}" --sb_subset_from "$N/full" --sb_subset_keep "$KEEP" \
-                    --sb_subset_by confidence
+                WITHOUT=$N/without-candidates
+                [[ $DROP_BY != confidence ]] && WITHOUT=$N/without-candidates-$DROP_BY
+                train "$WITHOUT" "${NOISY[@]}" --sb_subset_from "$N/full" --sb_subset_keep "$KEEP" --sb_subset_by "$DROP_BY"
                 train "$N/random-keep$KEEP" "${NOISY[@]}" --sb_subset_from "$N/full" --sb_subset_keep "$KEEP" \
                     --sb_subset_by random
             done

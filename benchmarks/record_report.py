@@ -3,6 +3,9 @@ size, and label issues found by one run's record against cleanlab's K-fold confi
 
     python benchmarks/record_report.py --root benchmarks/results/record-cifar10-cifar_convnet_half/epochs6
 
+``--pool FOLDER`` adds the seeds of a replication (the same runs, other seeds, in a folder of their own) to the pruning
+table; ``--output`` writes that report elsewhere than ``--root``'s ``report.md``.
+
 Pruning: per setting (source, score, kept share) the accuracy over seeds (mean ± sd), the second run's saving against
 Traditional ('full') in examples trained (the cost model) and in wall time, and end to end with the scoring run's
 examples and time added. Lossless: a mean at least Traditional's mean minus its sd. Label issues: precision at the
@@ -55,8 +58,15 @@ def _mean_sd(values: list[float], digits: int = 2) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {sd:.{digits}f}"
 
 
-def pruning_rows(root: str) -> list[str]:
-    seeds = sorted(glob.glob(os.path.join(root, "seed*")))
+def pruning_rows(root: str, *pooled: str) -> list[str]:
+    """The pruning table of the seeds under ``root`` and under each ``pooled`` folder (more seeds of the same runs,
+    as a replication adds them), taken together."""
+    seeds = sorted(path for folder in (root, *pooled) for path in glob.glob(os.path.join(folder, "seed*")))
+    repeated = sorted({name for name in map(os.path.basename, seeds) if
+                       [os.path.basename(path) for path in seeds].count(name) > 1})
+    if repeated:
+        raise ValueError(f"the same seed folders ({', '.join(repeated)}) are under more than one of {root}, "
+                         f"{', '.join(pooled)}: pool folders of other seeds only")
     runs = defaultdict(dict)  # name -> seed -> summary
     for seed in seeds:
         for folder in glob.glob(os.path.join(seed, "*")):
@@ -233,13 +243,17 @@ def record_ranking_rows(root: str, id_column: str = "index") -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", required=True)
+    parser.add_argument("--pool", nargs="+", default=[],
+                        help="Folders of more seeds of the same pruning runs (a replication), pooled with --root's")
+    parser.add_argument("--output", help="Where the report goes (default: --root's report.md)")
     options = parser.parse_args()
+    where = " and ".join(f"`{folder}`" for folder in (options.root, *options.pool))
     report = ["# The example record: pruning for the next run, and label issues", "",
-              f"Runs under `{options.root}` (benchmarks/run_record.sh).", "", "## Pruning", "",
-              *pruning_rows(options.root), "", "## Label issues", "",
+              f"Runs under {where} (benchmarks/run_record.sh).", "", "## Pruning", "",
+              *pruning_rows(options.root, *options.pool), "", "## Label issues", "",
               *(label_issue_rows(options.root) or ["None run here (no noise* folder)."]),
               *record_ranking_rows(options.root)]
-    path = os.path.join(options.root, "report.md")
+    path = options.output or os.path.join(options.root, "report.md")
     with open(path, "w") as handle:
         handle.write("\n".join(report) + "\n")
     print("\n".join(report))

@@ -56,6 +56,19 @@ def test_where_no_score_is_lossless_the_report_says_whether_the_random_subset_wa
                                                "subset did, at kept share 0.7.")
 
 
+def test_a_replications_seeds_pool_with_the_first_ones_and_the_same_seed_twice_is_refused(tmp_path):
+    first, replication = tmp_path / "first", tmp_path / "replication"
+    for root, seed, accuracy in ((first, 0, 89.0), (first, 1, 91.0), (replication, 2, 93.0)):
+        _run(root / f"seed{seed}" / "full", accuracy, 100.0, 1000)
+        _run(root / f"seed{seed}" / "full-variability-keep0.5", accuracy - 1, 50.0, 500)
+    rows = pruning_rows(str(first), str(replication))
+    assert rows[0].startswith("Traditional ('full', 3 seeds): 91.00 ± 2.00 %")
+    assert "| full-variability-keep0.5 | 3 | 90.00 ± 2.00 | yes |" in next(row for row in rows if "keep0.5" in row)
+    _run(replication / "seed1" / "full", 90.0, 100.0, 1000)
+    with pytest.raises(ValueError, match=r"same seed folders \(seed1\)"):
+        pruning_rows(str(first), str(replication))
+
+
 def test_auroc_and_precision_at_the_flip_count():
     flipped = numpy.array([True, True, False, False, False])
     perfect = numpy.array([0.9, 0.8, 0.1, 0.2, 0.3])

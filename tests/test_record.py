@@ -120,6 +120,19 @@ def test_every_strategy_writes_a_record_that_counts_what_it_trained(output_dir, 
     assert (Path(output_dir) / record.DATA_MAP_FILE).stat().st_size > 10_000
 
 
+def test_the_record_file_is_zstd_packed_and_reads_back_whole(output_dir):
+    import pyarrow.parquet as pq
+
+    from hf_selective_backprop.record import scores
+
+    _trained(output_dir, "sb")
+    metadata = pq.ParquetFile(Path(output_dir) / record.RECORD_FILE).metadata
+    codecs = {metadata.row_group(0).column(i).compression for i in range(metadata.num_columns)}
+    assert codecs == {"ZSTD"}
+    table = record.load_record(output_dir)
+    assert len(table) == 256 and set(table["region"]) <= {scores.EASY, scores.AMBIGUOUS, scores.HARD}
+
+
 def test_none_with_the_record_trains_bit_for_bit_as_the_plain_trainer(tmp_path):
     plain = Trainer(model=TinyClassifier(), args=make_config(str(tmp_path / "plain")), train_dataset=make_dataset())
     plain.train()

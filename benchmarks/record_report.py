@@ -21,7 +21,7 @@ import json
 import os
 import re
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import numpy
 import pyarrow.parquet
@@ -62,8 +62,7 @@ def pruning_rows(root: str, *pooled: str) -> list[str]:
     """The pruning table of the seeds under ``root`` and under each ``pooled`` folder (more seeds of the same runs,
     as a replication adds them), taken together."""
     seeds = sorted(path for folder in (root, *pooled) for path in glob.glob(os.path.join(folder, "seed*")))
-    repeated = sorted({name for name in map(os.path.basename, seeds) if
-                       [os.path.basename(path) for path in seeds].count(name) > 1})
+    repeated = sorted(name for name, count in Counter(map(os.path.basename, seeds)).items() if count > 1)
     if repeated:
         raise ValueError(f"the same seed folders ({', '.join(repeated)}) are under more than one of {root}, "
                          f"{', '.join(pooled)}: pool folders of other seeds only")

@@ -29,8 +29,8 @@ import pyarrow.parquet
 from harness.label_metrics import auroc, precision_at_flips
 
 SETTING = re.compile(r"(?P<source>\w+?)-(?P<score>\w+)-keep(?P<keep>[\d.]+)$")
-#: The shorter runs that only score: the first N epochs ('epochN') and the proxy.
-SCORING_RUN = re.compile(r"epoch\d+|proxy")
+#: The shorter runs that only score: the first N epochs ('epochN') and the proxies ('proxy', 'proxy_ARCH').
+SCORING_RUN = re.compile(r"epoch\d+|proxy(_\w+)?")
 
 
 def run_summary(folder: str) -> dict | None:

@@ -11,7 +11,7 @@
 #   scores    seeds $SEEDS: the runs whose records score the examples, each with its own cost: Traditional for $EPOCHS
 #             epochs ('full': also the accuracy bar), its first N epochs alone ('epochN' in $SOURCES), and a proxy
 #             ($PROXY_MODEL from scratch, without the stand-in's pretraining, for $PROXY_EPOCHS epochs: 'proxy', Selection
-#             via Proxy's weaker, cheaper model; PROXY_MODEL picks another timm architecture)
+#             via Proxy's weaker, cheaper model; PROXY_MODEL picks another timm architecture, PROXY_NAME its source name)
 #   prune     seeds $SEEDS: Traditional for $EPOCHS epochs on the subset each source x score in $SOURCES x $SCORES
 #             keeps at each of $KEEPS, and on a random subset of each size (the control)
 #   noisy     $NOISE of the labels flipped, seeds $NOISY_SEEDS: Traditional with the record, cleanlab's $FOLDS-fold
@@ -54,6 +54,7 @@ SCORES=${SCORES:-mean_loss confidence variability}
 KEEPS=${KEEPS:-0.5 0.7 0.9}
 PROXY_MODEL=${PROXY_MODEL:-$MODEL}
 PROXY_EPOCHS=${PROXY_EPOCHS:-2}
+PROXY_NAME=${PROXY_NAME:-proxy}  # the proxy's source name: another per architecture (proxy_NAME; no '-')
 NOISE=${NOISE:-0.1 0.2}
 NOISY_SEEDS=${NOISY_SEEDS:-0 1 2}
 FOLDS=${FOLDS:-5}
@@ -90,8 +91,8 @@ for PART in ${PARTS:-pretrain scores prune noisy report}; do
                 train "$R/seed$SEED/$SOURCE" --model_name_or_path "$PRETRAINED" --num_train_epochs "${BASH_REMATCH[1]}" \
                     --seed "$SEED"
             done
-            if [[ " $SOURCES " == *" proxy "* ]]; then
-                train "$R/seed$SEED/proxy" --model "$PROXY_MODEL" --num_train_epochs "$PROXY_EPOCHS" --seed "$SEED"
+            if [[ " $SOURCES " == *" $PROXY_NAME "* ]]; then
+                train "$R/seed$SEED/$PROXY_NAME" --model "$PROXY_MODEL" --num_train_epochs "$PROXY_EPOCHS" --seed "$SEED"
             fi
         done
         ;;

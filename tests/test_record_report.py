@@ -31,10 +31,13 @@ def test_pruning_rows_give_each_settings_accuracy_savings_and_whether_it_is_loss
         _run(root / "full", 90 + offset, 100.0, 1000)
         _run(root / "epoch1", 70, 30.0, 200)
         _run(root / "epoch1-mean_loss-keep0.5", 90 + offset, 50.0, 500)  # level with Traditional: lossless
+        _run(root / "proxy_small", 60, 10.0, 200)  # a smaller proxy: a scoring run, not a setting
         _run(root / "random-keep0.5", 88, 50.0, 500)
     rows = pruning_rows(str(tmp_path))
     assert "lossless means at least 89.29 %" in rows[0]  # mean 90 minus sd 0.71
-    assert rows[0].endswith("Scoring runs alone: 'epoch1' (2 seeds) 70.00 ± 0.00 % (30 s).")
+    assert rows[0].endswith("Scoring runs alone: 'epoch1' (2 seeds) 70.00 ± 0.00 % (30 s), 'proxy_small' (2 seeds) "
+                            "60.00 ± 0.00 % (10 s).")
+    assert not any(row.startswith("| proxy_small ") for row in rows)
     pruned = next(row for row in rows if row.startswith("| epoch1-mean_loss-keep0.5 "))
     # End to end: 1000 examples / (500 + its scoring run's 200), 100 s / (50 s + its 30 s); 89.5 and 90.5 against
     # the random subset's 88 in the same seed

@@ -34,8 +34,8 @@ def write_record(record: ExampleRecord, path: str, id_column: str) -> datasets.D
     table = record_dataset(record, id_column)
     partial_path = f"{path}.partial"
     # Losses are floats that rarely repeat: a dictionary of their values only grows the file, and zstd packs them
-    # about 45 % smaller than snappy, which a record of millions of examples on the Hub feels. pyarrow writes it,
-    # as `Dataset.to_parquet` fixes both per column in recent `datasets`; the table, fresh from `from_dict`, has no
+    # tighter than snappy, which a record of millions of examples on the Hub feels. pyarrow writes it, as
+    # `Dataset.to_parquet` fixes both per column in recent `datasets`; the table, fresh from `from_dict`, has no
     # indices mapping, and its schema carries the features `load_dataset` reads back.
     pyarrow.parquet.write_table(table.data.table, partial_path, compression="zstd", use_dictionary=["region"])
     os.replace(partial_path, path)  # never a truncated table in place of a finished run's

@@ -10,6 +10,7 @@ import numpy
 import pytest
 import torch
 from datasets import Dataset, IterableDataset, load_dataset
+from PIL import Image
 from tiny import TinyClassifier, make_config, make_dataset
 from transformers import Trainer
 
@@ -398,6 +399,10 @@ def test_the_data_map_names_its_regions(tmp_path):
     counts = record.data_map(table, str(tmp_path / "map.png"), title="test")
     assert counts == {record.EASY: 100, record.AMBIGUOUS: 100, record.HARD: 100}
     assert (tmp_path / "map.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(tmp_path / "map.png") as image:
+        assert image.mode == "P"  # the palette PNG, a third of a true-colour one's size
+    record.data_map(table, str(tmp_path / "map.pdf"))
+    assert (tmp_path / "map.pdf").read_bytes()[:5] == b"%PDF-"
 
 
 def test_the_regions_put_the_most_variable_third_in_ambiguous():

@@ -3,12 +3,15 @@ correctness, with the regions named. Needs matplotlib (the ``benchmarks`` extra,
 
 from __future__ import annotations
 
+import io
+
 import matplotlib
 
 matplotlib.use("Agg")  # files only: training machines rarely have a display
 
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy  # noqa: E402
+from PIL import Image  # noqa: E402  (a dependency of matplotlib)
 
 from .scores import AMBIGUOUS, EASY, HARD  # noqa: E402
 
@@ -44,6 +47,20 @@ def draw_data_map(table, path: str, title: str | None = None) -> dict[str, int]:
     axes.set_ylim(-0.02, 1.02)
     axes.set_title(title or f"Data map of {total:,} training examples")
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    if path.lower().endswith(".png"):
+        _save_palette_png(figure, path)
+    else:  # another format matplotlib writes, by the path's extension
+        figure.savefig(path, dpi=110)
     plt.close(figure)
     return counts
+
+
+def _save_palette_png(figure, path: str) -> None:
+    # Thousands of translucent points make a true-colour PNG of ~300 KB; 256 colours draw the same at a third of it,
+    # which counts for a figure uploaded beside every model.
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    buffer.seek(0)
+    with Image.open(buffer) as image:
+        palette = image.convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
+    palette.save(path, format="PNG", optimize=True)

@@ -167,6 +167,24 @@ class ExampleLoss:
             items = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
         return items.sum(dim=1), torch.full_like(items[:, 0], items.shape[1])
 
+    def margins(self, outputs, labels: torch.Tensor) -> torch.Tensor | None:
+        """Per example, the gold label's logit minus the largest other logit (float32; NaN for a row labelled
+        -100): the margin whose mean over training is the area under the margin (AUM, Pleiss et al., 2020).
+        Defined for single-label classification with class labels; None for any other task or labels."""
+        if self.task != "classification":
+            return None
+        logits = logits_of(outputs)
+        if (logits.dim() != 2 or logits.shape[1] < 2 or labels.dtype.is_floating_point
+                or labels.numel() != logits.shape[0]
+                or self.problem_type(labels, logits) != "single_label_classification"):
+            return None
+        labels = labels.reshape(-1, 1)
+        logits = logits.float()
+        gold_column = labels.clamp_min(0)  # an ignored row's -100 reads column 0, then its margin is NaN
+        gold = logits.gather(1, gold_column).squeeze(1)
+        largest_other = logits.scatter(1, gold_column, float("-inf")).amax(dim=1)
+        return torch.where(labels.squeeze(1) == IGNORE_INDEX, float("nan"), gold - largest_other)
+
     def problem_type(self, labels: torch.Tensor, logits: torch.Tensor | None = None) -> str:
         """transformers' rule: the config's problem_type, else regression for one output, else
         single-label for int32/int64 labels and multi-label for any other. A model without a config

@@ -341,7 +341,10 @@ class SelectiveBackpropMixin:
             self.engine.observe(ids, per_example.detach())
         if recorded:
             epoch = self.engine.epoch if self.selector is not None else self.record_keeper.epoch
-            self.record_keeper.trained(ids, per_example, epoch)
+            margins_of = getattr(self.per_example_loss_func, "margins", None)
+            with torch.no_grad():
+                margins = margins_of(outputs, labels) if margins_of is not None else None
+            self.record_keeper.trained(ids, per_example, margins, epoch)
         return (loss, outputs) if return_outputs else loss
 
     def _loss_and_outputs(self, model, inputs, num_items_in_batch):

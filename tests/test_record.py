@@ -27,9 +27,10 @@ STRATEGIES = dict(
 
 
 def _events(record_, *rows):
-    """Apply (id, loss, kind, epoch) rows in order."""
-    ids, losses, kinds, epochs = (torch.tensor(column) for column in zip(*rows, strict=True))
-    record_.apply(ids.long(), losses.double(), kinds.long(), epochs.long())
+    """Apply (id, loss, kind, epoch) or (id, loss, kind, epoch, margin) rows in order."""
+    ids, losses, kinds, epochs, *margins = (torch.tensor(column) for column in zip(*rows, strict=True))
+    record_.apply(ids.long(), losses.double(), kinds.long(), epochs.long(),
+                  margins[0].double() if margins else None)
 
 
 def _trained(output_dir, strategy, **overrides):
@@ -68,6 +69,28 @@ def test_confidence_variability_forgetting_and_first_learned_follow_the_losses()
     assert row["mean_loss"] == pytest.approx(numpy.mean(losses), rel=1e-6)
     assert row["correctness"] == pytest.approx(0.5)
     assert (row["forgetting_events"], row["first_learned_epoch"], row["first_loss"]) == (1, 1, pytest.approx(2.0))
+
+
+def test_aum_is_the_mean_margin_of_the_scorings_that_gave_one():
+    table = ExampleRecord()
+    nan = float("nan")
+    _events(table, (0, 0.9, SCORED, 0, 1.5), (0, 0.8, TRAINED, 0, 9.0),  # the training forward is no new scoring
+            (0, 0.3, TRAINED, 1, -0.5), (0, 0.2, TRAINED, 2, nan),  # a scoring without a margin: not in the mean
+            (1, 0.4, TRAINED, 0, nan))  # no margin at any scoring (a task without them)
+    rows = record.record_dataset(table).to_list()
+    assert rows[0]["aum"] == pytest.approx(0.5) and rows[0]["times_scored"] == 3
+    assert math.isnan(rows[1]["aum"])
+
+
+def test_the_margin_is_the_gold_logit_minus_the_largest_other_and_only_single_label_classification_has_one():
+    from hf_selective_backprop.losses import ExampleLoss
+
+    logits = torch.tensor([[2.0, 0.0, 1.0], [0.0, 3.0, -1.0], [1.0, 1.0, 1.0]])
+    margins = ExampleLoss().margins(logits, torch.tensor([0, 2, -100]))
+    assert margins[:2].tolist() == [1.0, -4.0] and math.isnan(margins[2])
+    assert ExampleLoss("token-classification").margins(logits[None], torch.tensor([[0, 1, 2]])) is None
+    assert ExampleLoss().margins(logits, torch.rand(3, 3)) is None  # class probabilities: no gold label
+    assert ExampleLoss().margins(logits[:, :1], torch.tensor([0.5, 1.0, 0.0])) is None  # regression
 
 
 def test_repeated_ids_in_one_flush_apply_in_order_and_nonfinite_losses_are_counted_apart():
@@ -109,6 +132,8 @@ def test_every_strategy_writes_a_record_that_counts_what_it_trained(output_dir, 
     table = record.load_record(output_dir)
     assert table.column_names[0] == "index" and len(table) > 0
     backwards = sum(table["times_backpropagated"])
+    # Margins come with every scoring of a classifier: from the selection forward and from the training forward.
+    assert all(math.isfinite(aum) for aum in table["aum"])
     if strategy == "none":
         assert backwards == sum(table["times_scored"]) == 2 * 256 and len(table) == 256
         return
@@ -184,6 +209,9 @@ def test_the_sft_and_seq2seq_pairs_write_the_record(output_dir, pair, strategy):
     assert sum(table["times_backpropagated"]) == backwards > 0
     assert len(table) == len(data)  # one row per example (per sequence of a packed row)
     assert all(math.isfinite(loss) for loss in table["mean_loss"])
+    assert all(math.isnan(aum) for aum in table["aum"])  # language modelling defines no margin
+    with pytest.raises(ValueError, match="needs margins, and this record has none"):
+        record.label_issues(table, by="aum")
 
 
 def test_the_record_off_writes_nothing(output_dir):
@@ -287,7 +315,7 @@ def test_label_issue_candidates_rank_flipped_labels_first(output_dir):
     SelectiveBackpropTrainer(model=TinyClassifier(), args=args, train_dataset=data).train()
     table = record.load_record(output_dir)
     for by, column, descending in (("last_loss", "last_loss", True), ("mean_loss", "mean_loss", True),
-                                   ("confidence", "confidence", False)):
+                                   ("confidence", "confidence", False), ("aum", "aum", False)):
         ranked = record.label_issues(table, top=len(flipped), by=by)
         assert len(flipped & set(ranked["index"])) / len(flipped) > 0.5, by  # 0.1 by chance
         assert ranked["label_issue_rank"] == list(range(len(flipped)))
@@ -309,8 +337,10 @@ def test_label_issues_rank_by_mean_loss_or_by_confidence_and_put_unscored_rows_l
     assert record.label_issues(table, top=3, by="mean_loss")["index"] == [1, 0, 2]
     assert record.label_issues(table, top=3, by="last_loss")["index"] == [0, 1, 2]
     assert record.label_issues(table, top=3, by="confidence")["index"] == [0, 1, 2]
-    with pytest.raises(ValueError, match="by must be one of mean_loss, last_loss, confidence, got 'margin'"):
+    with pytest.raises(ValueError, match="by must be one of mean_loss, last_loss, confidence, aum, got 'margin'"):
         record.label_issues(table, by="margin")
+    with pytest.raises(ValueError, match=r"reads the record's \['aum'\] column, which this record lacks"):
+        record.label_issues(table, by="aum")  # a record written before the margins
 
 
 def _a_record(scores):

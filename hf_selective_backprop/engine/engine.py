@@ -684,10 +684,15 @@ class SelectionEngine:
         A ValueError of the per-example loss (a class label out of range, on this rank's rows only) is carried
         by the next gather of losses, so that every rank raises it (`distributed.gather_pairs`)."""
         size = _batch_length(batch)
+        margins = None
         if size > 0:
             with self.stats.timer("selection_forward_seconds"):
                 try:
-                    losses = self.scorer(model, {k: v for k, v in batch.items() if k != self.index_column})
+                    inputs = {k: v for k, v in batch.items() if k != self.index_column}
+                    if self.record is not None:
+                        losses, margins = self.scorer(model, inputs, with_margins=True)
+                    else:
+                        losses = self.scorer(model, inputs)
                 except ValueError as error:
                     failure = naming_examples(error, ids, self.index_column)
                     self._failure, losses = failure, torch.full((size,), float("nan"))
@@ -699,7 +704,7 @@ class SelectionEngine:
                 self.stats.lockstep_forwards += 1
         self.stats.selection_forwards += size
         if self.record is not None and size > 0:
-            self.record.scored(ids, losses, self.epoch)
+            self.record.scored(ids, losses, margins, self.epoch)
         if self.records_training_losses:
             losses = self.observe(ids, losses)  # copied to the host with the ids, once
         return losses

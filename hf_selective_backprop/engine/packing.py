@@ -161,11 +161,11 @@ class PackedScorer:
             raise AttributeError(name)
         return getattr(self.scorer, name)
 
-    def __call__(self, model: torch.nn.Module, inputs: dict) -> torch.Tensor:
+    def __call__(self, model: torch.nn.Module, inputs: dict, with_margins: bool = False):
         rows = inputs[self.scorer.label_name].shape[0]
         packed = packed_rows(inputs, self.pad_token_id, self.pad_to_multiple_of, self.scorer.label_name)
         with self.scorer.loss_fn.sequences(packed["seq_idx"], rows):
-            return self.scorer(model, packed)
+            return self.scorer(model, packed, with_margins)
 
 
 class SequenceRowsCollator:

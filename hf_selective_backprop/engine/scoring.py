@@ -109,8 +109,10 @@ class SelectionScorer:
             pixels = pixels.contiguous(memory_format=torch.channels_last)
         return {**inputs, "pixel_values": pixels}
 
-    def __call__(self, model: torch.nn.Module, inputs: dict) -> torch.Tensor:
-        """Per-example losses (float32, on the inputs' device) for a batch of model inputs."""
+    def __call__(self, model: torch.nn.Module, inputs: dict, with_margins: bool = False):
+        """Per-example losses (float32, on the inputs' device) for a batch of model inputs; with ``with_margins``,
+        the pair (losses, margins), margins by the loss's ``margins`` (`ExampleLoss.margins`; None where the loss
+        has none or the task defines none)."""
         inputs = dict(inputs)
         if self.label_name not in inputs:
             raise ValueError(f"selection needs a '{self.label_name}' column; the batch has {sorted(inputs)}")
@@ -124,11 +126,14 @@ class SelectionScorer:
                 extra = getattr(self.loss_fn, "forward_kwargs", None)
                 outputs = self._forward(model, {**inputs, **extra(labels)} if extra is not None else inputs)
                 losses = self.loss_fn(outputs, labels).float()
+                margins_of = getattr(self.loss_fn, "margins", None) if with_margins else None
+                margins = margins_of(outputs, labels) if margins_of is not None else None
         finally:
             model.train(was_training)
         if self.inference_mode:
             losses = losses.clone()
-        return losses
+            margins = margins.clone() if margins is not None else None
+        return (losses, margins) if with_margins else losses
 
     def _forward(self, model: torch.nn.Module, inputs: dict):
         try:

@@ -44,6 +44,14 @@ def label_issues(table: datasets.Dataset, top: int | None = None, by: str = "las
     if by not in LABEL_ISSUE_RANKINGS:
         raise ValueError(f"by must be one of {', '.join(LABEL_ISSUE_RANKINGS)}, got {by!r}")
     needed = {"confidence", "variability"} if by == "confidence" else {by}
+    missing = sorted(needed - set(table.column_names))
+    if missing:
+        raise ValueError(f"by={by!r} reads the record's {missing} column, which this record lacks (it was written "
+                         "by an earlier version of hf-selective-backprop): rank it by another of "
+                         f"{', '.join(name for name in LABEL_ISSUE_RANKINGS if name != by)}")
+    if by == "aum" and numpy.isnan(numpy.asarray(table["aum"], dtype=float)).all():
+        raise ValueError("by='aum' needs margins, and this record has none: its run's loss was not single-label "
+                         "classification (or a custom per_example_loss_func)")
     columns = {name: torch.tensor(numpy.asarray(table[name], dtype=float)) for name in needed}
     order = label_issue_order(columns, by).numpy()
     ranked = table.select(order).add_column("label_issue_rank", list(range(len(order))))

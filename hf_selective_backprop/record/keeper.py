@@ -38,15 +38,15 @@ class RecordKeeper:
         self.complete = True
         self._said_no_ids = False
 
-    def scored(self, ids: torch.Tensor | None, losses: torch.Tensor, epoch: int) -> None:
-        """A selection forward's losses."""
+    def scored(self, ids: torch.Tensor | None, losses: torch.Tensor, margins: torch.Tensor | None, epoch: int) -> None:
+        """A selection forward's losses, and its margins where the task defines them (else None)."""
         if self.accepts(ids) and losses.numel():
-            self.feed.scored(ids, losses, epoch)
+            self.feed.scored(ids, losses, margins, epoch)
 
-    def trained(self, ids: torch.Tensor, losses: torch.Tensor, epoch: int) -> None:
-        """A training forward's losses (`accepts` said yes to its ids)."""
+    def trained(self, ids: torch.Tensor, losses: torch.Tensor, margins: torch.Tensor | None, epoch: int) -> None:
+        """A training forward's losses and margins (`accepts` said yes to its ids)."""
         if losses.numel():
-            self.feed.trained(ids, losses, epoch)
+            self.feed.trained(ids, losses, margins, epoch)
 
     def accepts(self, ids: torch.Tensor | None) -> bool:
         """Whether a batch with these ids can be recorded (a stream without an id column cannot), said once."""

@@ -4,7 +4,8 @@ and the subset of a dataset a score keeps.
 Definitions follow Dataset Cartography (Swayamdipta et al., 2020) with the losses training already computed in
 place of a separate pass after each epoch: *confidence* is the mean of ``exp(-loss)`` over the example's scorings
 (p(gold label) for cross-entropy), *variability* its standard deviation, *correctness* the share of scorings at
-which it was learned (p(gold) > 1/2).
+which it was learned (p(gold) > 1/2). *aum* is the area under the margin (Pleiss et al., 2020): the mean over the
+example's scorings of its gold logit minus the largest other logit, for single-label classification.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def record_columns(record: ExampleRecord) -> dict[str, torch.Tensor]:
         "confidence": torch.where(scored, confidence, nan).float(),
         "variability": torch.where(scored, variance.sqrt(), nan).float(),
         "correctness": torch.where(scored, record["times_learned"][ids] / n, nan).float(),
+        "aum": torch.where(record["times_margined"][ids] > 0,
+                           record["margin_sum"][ids] / record["times_margined"][ids].clamp(min=1), nan).float(),
         "forgetting_events": record["forgetting_events"][ids],
         "first_scored_epoch": record["first_scored_epoch"][ids],
         "last_scored_epoch": record["last_scored_epoch"][ids],
@@ -92,14 +95,16 @@ LABEL_ISSUE_RANKINGS = {
                  "spent on fitting the wrong labels",
     "confidence": "lowest mean confidence first, then lowest variability: the hard-to-learn corner of the data map, "
                   "where Cartography found most mislabeled examples",
+    "aum": "lowest area under the margin first (Pleiss et al., 2020): a label the model keeps preferring another "
+           "class to; single-label classification only",
 }
 
 
 def label_issue_order(columns: dict[str, torch.Tensor], by: str) -> torch.Tensor:
     """Positions ranked from likeliest label issue by ``by`` (`LABEL_ISSUE_RANKINGS`); unscored (NaN) last."""
-    if by in ("mean_loss", "last_loss"):
-        suspicion = torch.nan_to_num(columns[by].double(), nan=float("-inf"))
-        return torch.argsort(suspicion, descending=True, stable=True)
+    if by in ("mean_loss", "last_loss", "aum"):
+        suspicion = columns[by].double() * (-1.0 if by == "aum" else 1.0)
+        return torch.argsort(torch.nan_to_num(suspicion, nan=float("-inf")), descending=True, stable=True)
     confidence = torch.nan_to_num(columns["confidence"].double(), nan=float("inf"))
     by_variability = torch.argsort(columns["variability"], stable=True)
     return by_variability[torch.argsort(confidence[by_variability], stable=True)]

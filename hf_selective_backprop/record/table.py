@@ -1,6 +1,6 @@
 """`ExampleRecord`: what training did to every example, as running statistics keyed by example id.
 
-Memory is O(largest id) with a small constant (about 50 bytes a slot), never a history: each scoring of an
+Memory is O(largest id) with a small constant (81 bytes a slot), never a history: each scoring of an
 example (the loss of a selection forward, or of a training forward where no selection forward scored it)
 updates sums and counters from which the per-example scores follow (`scores.py`).
 
@@ -26,7 +26,8 @@ _TABLES = {
     **{name: (torch.int32, 0) for name in (
         "times_scored", "times_backpropagated", "times_learned", "forgetting_events", "nonfinite_losses")},
     # float64: a sum over hundreds of epochs stays exact to float32's precision.
-    **{name: (torch.float64, 0.0) for name in ("loss_sum", "confidence_sum", "confidence_sq_sum")},
+    **{name: (torch.float64, 0.0) for name in ("loss_sum", "confidence_sum", "confidence_sq_sum", "margin_sum")},
+    "times_margined": (torch.int32, 0),  # scorings that gave a margin (single-label classification only)
     # pending_epoch: the epoch of a selection forward not yet followed by the example's training forward.
     **{name: (torch.int32, -1) for name in (
         "first_scored_epoch", "last_scored_epoch", "first_learned_epoch", "pending_epoch")},
@@ -69,8 +70,10 @@ class ExampleRecord:
             grown[: table.numel()] = table
             self._tables[name] = grown
 
-    def apply(self, ids: torch.Tensor, losses: torch.Tensor, kinds: torch.Tensor, epochs: torch.Tensor) -> None:
-        """Take events in their order (ids int64, losses float, kinds `SCORED`/`TRAINED`, epochs int), on the host.
+    def apply(self, ids: torch.Tensor, losses: torch.Tensor, kinds: torch.Tensor, epochs: torch.Tensor,
+              margins: torch.Tensor | None = None) -> None:
+        """Take events in their order (ids int64, losses float, kinds `SCORED`/`TRAINED`, epochs int, margins
+        float with NaN where the scoring gave none, or None for none at all), on the host.
 
         An id may occur several times (a DistributedSampler's padding, a row carried into the next epoch): its
         events are applied one occurrence after the other, each round vectorised over distinct ids.
@@ -79,6 +82,8 @@ class ExampleRecord:
             return
         if int(ids.min()) < 0:
             raise ValueError("example ids must be non-negative")
+        if margins is None:
+            margins = torch.full(ids.shape, float("nan"), dtype=torch.float64)
         self._grow(int(ids.max()) + 1)
         order = torch.argsort(ids, stable=True)
         sorted_ids = ids[order]
@@ -89,9 +94,10 @@ class ExampleRecord:
         occurrence[order] = torch.arange(ids.numel()) - first_of_run
         for round_ in range(int(occurrence.max()) + 1):
             rows = (occurrence == round_).nonzero().squeeze(1)
-            self._apply_distinct(ids[rows], losses[rows].to(torch.float64), kinds[rows], epochs[rows].to(torch.int32))
+            self._apply_distinct(ids[rows], losses[rows].to(torch.float64), kinds[rows], epochs[rows].to(torch.int32),
+                                 margins[rows].to(torch.float64))
 
-    def _apply_distinct(self, ids, losses, kinds, epochs) -> None:
+    def _apply_distinct(self, ids, losses, kinds, epochs, margins) -> None:
         t = self._tables
         trained = kinds == TRAINED
         trained_ids = ids[trained]
@@ -105,7 +111,7 @@ class ExampleRecord:
         finite = torch.isfinite(losses)
         t["nonfinite_losses"][ids[scoring & ~finite]] += 1
         scoring &= finite
-        ids, losses, epochs = ids[scoring], losses[scoring], epochs[scoring]
+        ids, losses, epochs, margins = ids[scoring], losses[scoring], epochs[scoring], margins[scoring]
         if ids.numel() == 0:
             return
         confidence = torch.exp(-losses)
@@ -117,6 +123,9 @@ class ExampleRecord:
         t["confidence_sum"][ids] += confidence
         t["confidence_sq_sum"][ids] += confidence * confidence
         t["last_loss"][ids] = losses.float()
+        margined = torch.isfinite(margins)
+        t["margin_sum"][ids[margined]] += margins[margined]
+        t["times_margined"][ids[margined]] += 1
         t["last_scored_epoch"][ids] = epochs
         learned = losses < LEARNED_BELOW
         t["forgetting_events"][ids[t["learned"][ids] & ~learned]] += 1

@@ -8,8 +8,8 @@ steps after the first ``--warmup`` (two epoch ends, where the record gathers its
 The table gives each pair's overhead (on / off - 1), their median and range, and the one-time cost of writing the
 table and data map for ``--write_examples`` examples at the end of a run. Two runs' step times differ by a few
 percent from run to run whatever they do, so each run with the record on also clocks the time spent inside the
-record's own calls (the events it buffers and the flushes that apply them) and, in a run without selection, in the
-per-example loss computed only for it: on a CPU, where every call runs to its end before returning, that is the
+record's own calls (the events it buffers and the flushes that apply them), in the margins computed only for it
+and, in a run without selection, in the per-example loss computed only for it: on a CPU, where every call runs to its end before returning, that is the
 record's cost per step, free of the spread between runs. Synthetic inputs of the workloads' shapes: a step's cost
 does not depend on the pixel or token values. Timing is the point: run it on an otherwise idle machine.
 """
@@ -39,28 +39,36 @@ WORKLOADS = {"image": (("none", "sb"), 128, 30), "text": (("none",), 32, 30), "s
 
 class RecordClock:
     """Seconds spent inside RecordKeeper's calls that training makes (scored, trained, flush), while installed, and
-    inside ``trainer``'s per-example loss where the record alone asks for it (a run without selection computes
-    that loss only to record it; selection computes it anyway)."""
+    inside what ``trainer``'s per-example loss computes for the record alone: its margins (`ExampleLoss.margins`),
+    and in a run without selection the loss itself (selection computes it anyway)."""
 
     CALLS = ("scored", "trained", "flush")
 
     def __init__(self, trainer=None):
         self.seconds = 0.0
         self._originals = {name: getattr(RecordKeeper, name) for name in self.CALLS}
-        self._trainer = trainer if trainer is not None and trainer.selector is None else None
+        self._trainer = trainer
 
     def __enter__(self):
         for name, original in self._originals.items():
             setattr(RecordKeeper, name, self._timed(original))
         if self._trainer is not None:
-            self._trainer.per_example_loss_func = self._timed(self._trainer.per_example_loss_func)
+            loss = self._trainer.per_example_loss_func
+            if hasattr(loss, "margins"):  # an instance attribute: the selection forward's loss is this object too
+                loss.margins = self._timed(loss.margins)
+            if self._trainer.selector is None:
+                timed = self._timed(loss)
+                timed.margins = getattr(loss, "margins", None)
+                self._trainer.per_example_loss_func = timed
         return self
 
     def __exit__(self, *exc):
         for name, original in self._originals.items():
             setattr(RecordKeeper, name, original)
         if self._trainer is not None:
-            self._trainer.per_example_loss_func = self._trainer.per_example_loss_func.original
+            if self._trainer.selector is None:
+                self._trainer.per_example_loss_func = self._trainer.per_example_loss_func.original
+            vars(self._trainer.per_example_loss_func).pop("margins", None)
 
     def _timed(self, original):
         def timed(*args, **kwargs):

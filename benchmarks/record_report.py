@@ -203,6 +203,7 @@ SUSPICION = {
     "latest first learned (never: last)": lambda t: numpy.where(t["first_learned_epoch"] < 0, numpy.inf,
                                                                t["first_learned_epoch"]),
     "most forgetting events": lambda t: t["forgetting_events"].astype(float),
+    "lowest area under the margin (by='aum')": lambda t: -t["aum"],
 }
 
 
@@ -221,6 +222,8 @@ def record_ranking_rows(root: str, id_column: str = "index") -> list[str]:
             flipped = numpy.isin(table[id_column],
                                  numpy.fromfile(os.path.join(run, "noisy_indices.int64"), dtype=numpy.int64))
             for name, suspicion_of in SUSPICION.items():
+                if name.endswith("(by='aum')") and "aum" not in table:
+                    continue  # a record written before the margins were kept
                 suspicion = numpy.nan_to_num(numpy.asarray(suspicion_of(table), dtype=float), nan=-numpy.inf)
                 measured[name][0].append(precision_at_flips(suspicion, flipped))
                 measured[name][1].append(auroc(suspicion, flipped))

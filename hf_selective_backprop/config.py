@@ -283,7 +283,8 @@ class SelectiveBackpropArguments:
             "help": "Keep the example record: per training example (keyed by --sb_index_column), the losses training "
             "measured (a selection forward's, else the training forward's; every strategy, 'none' included, whose "
             "training it leaves bit for bit that of the plain Trainer), how often it was scored and backpropagated, "
-            "confidence, variability, correctness, the epoch it was first learned and its forgetting events. "
+            "confidence, variability, correctness, the epoch it was first learned, its forgetting events and, for "
+            "single-label classification, its area under the margin (AUM). "
             "Written at the end to example_record.parquet (and data_map.png) in --output_dir, uploaded by "
             "push_to_hub; read it with hf_selective_backprop.record (data map, label issues, pruning)."
         },

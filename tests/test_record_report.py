@@ -162,3 +162,23 @@ def test_the_record_clock_counts_the_per_example_loss_only_where_the_record_alon
             trainer.per_example_loss_func(None, 1)
         assert (clock.seconds >= 0.05) is counted
         assert trainer.per_example_loss_func is slow_loss
+
+
+def test_the_record_clock_counts_the_margins_with_selection_and_without():
+    class SlowLoss:
+        def __call__(self, outputs, labels):
+            return labels
+
+        def margins(self, outputs, labels):
+            time.sleep(0.05)
+            return labels
+
+    for selector in (None, 1):
+        loss = SlowLoss()
+        trainer = SimpleNamespace(selector=selector, per_example_loss_func=loss)
+        with RecordClock(trainer) as clock:
+            getattr(trainer.per_example_loss_func, "margins")(None, 1)  # as compute_loss reads it
+            loss.margins(None, 1)  # as the selection forward's scorer reads it
+        assert clock.seconds >= 0.1
+        assert trainer.per_example_loss_func is loss and "margins" not in vars(loss)
+

@@ -116,6 +116,19 @@ def test_the_record_grows_to_new_ids_and_its_state_round_trips():
         ExampleRecord().load_state_dict({"times_scored": torch.zeros(1)})
 
 
+def test_a_record_saved_before_the_margins_resumes_with_its_aum_covering_what_follows(caplog):
+    table = ExampleRecord()
+    _events(table, (0, 0.5, TRAINED, 0, 2.0), (1, 0.7, TRAINED, 0, 1.0))
+    earlier = {name: value for name, value in table.state_dict().items()
+               if name not in ("margin_sum", "times_margined")}
+    resumed = ExampleRecord()
+    resumed.load_state_dict(earlier)
+    assert "aum covers only the scorings that follow" in caplog.text
+    _events(resumed, (0, 0.4, TRAINED, 1, -1.0))
+    rows = record.record_dataset(resumed).to_list()
+    assert rows[0]["times_scored"] == 2 and rows[0]["aum"] == pytest.approx(-1.0) and math.isnan(rows[1]["aum"])
+
+
 # ---- the trainer ------------------------------------------------------------------------------------------------
 
 def test_every_built_in_strategy_is_covered_here():

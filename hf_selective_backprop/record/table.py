@@ -12,6 +12,7 @@ learned.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
@@ -20,6 +21,8 @@ import torch
 SCORED, TRAINED = 0, 1
 #: The loss below which an example counts as learned: p(gold) = exp(-loss) > 1/2.
 LEARNED_BELOW = math.log(2.0)
+
+logger = logging.getLogger(__name__)
 
 #: Each table's dtype and the value of a slot no event has touched.
 _TABLES = {
@@ -34,6 +37,8 @@ _TABLES = {
     **{name: (torch.float32, float("nan")) for name in ("first_loss", "last_loss")},
     "learned": (torch.bool, False),  # at the latest scoring
 }
+#: Tables a record saved by an earlier version lacks: a resume starts them untouched.
+_ADDED_LATER = ("margin_sum", "times_margined")
 
 
 class ExampleRecord:
@@ -139,7 +144,14 @@ class ExampleRecord:
 
     def load_state_dict(self, state: dict) -> None:
         missing = set(self._tables) - set(state)
-        if missing:
+        if missing - set(_ADDED_LATER):
             raise ValueError(f"the saved example record lacks {sorted(missing)}: it was written by another version")
-        self._tables = {name: state[name].clone().to(self._tables[name].dtype) for name in self._tables}
+        if missing:
+            logger.warning("the saved example record was written before its margins were kept: the resumed run's "
+                           "aum covers only the scorings that follow")
+        size = state["times_scored"].numel()
+        self._tables = {
+            name: (state[name].clone().to(dtype) if name in state else torch.full((size,), fill, dtype=dtype))
+            for name, (dtype, fill) in _TABLES.items()
+        }
 

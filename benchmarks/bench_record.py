@@ -9,9 +9,10 @@ The table gives each pair's overhead (on / off - 1), their median and range, and
 table and data map for ``--write_examples`` examples at the end of a run. Two runs' step times differ by a few
 percent from run to run whatever they do, so each run with the record on also clocks the time spent inside the
 record's own calls (the events it buffers and the flushes that apply them), in the margins computed only for it
-and, in a run without selection, in the per-example loss computed only for it: on a CPU, where every call runs to its end before returning, that is the
-record's cost per step, free of the spread between runs. Synthetic inputs of the workloads' shapes: a step's cost
-does not depend on the pixel or token values. Timing is the point: run it on an otherwise idle machine.
+and, in a run without selection, in the per-example loss computed only for it: on a CPU, where every call runs to
+its end before returning, that is the record's cost per step, free of the spread between runs. Synthetic inputs of
+the workloads' shapes: a step's cost does not depend on the pixel or token values. Timing is the point: run it on
+an otherwise idle machine.
 """
 
 from __future__ import annotations

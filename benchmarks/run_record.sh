@@ -17,7 +17,9 @@
 #   noisy     $NOISE of the labels flipped, seeds $NOISY_SEEDS: Traditional with the record, cleanlab's $FOLDS-fold
 #             cross-validation on the same data (benchmarks/label_issues.py), and Traditional without the record's
 #             candidates (the share flipped, lowest confidence first; DROP_BY=label_issues: highest last loss first,
-#             into without-candidates-label_issues/) beside a random subset of the same size
+#             into without-candidates-label_issues/) beside a random subset of the same size; NOISY_LONGER=E also
+#             trains Traditional on the noisy labels for E epochs (full-epochsE/): the control that spends on one
+#             run what the record's run and the retraining without its candidates spend together
 #   report    benchmarks/record_report.py: $R/report.md
 # Every run is a process of its own, skipped when its trainer_state.json exists: killing this and starting it again
 # goes on where it stopped (the run in progress starts over). The savings are counted in examples trained (the cost
@@ -134,6 +136,9 @@ for PART in ${PARTS:-pretrain scores prune noisy report}; do
                 train "$WITHOUT" "${NOISY[@]}" --sb_subset_from "$N/full" --sb_subset_keep "$KEEP" --sb_subset_by "$DROP_BY"
                 train "$N/random-keep$KEEP" "${NOISY[@]}" --sb_subset_from "$N/full" --sb_subset_keep "$KEEP" \
                     --sb_subset_by random
+                if [[ -n ${NOISY_LONGER:-} ]]; then
+                    train "$N/full-epochs$NOISY_LONGER" "${NOISY[@]}" --num_train_epochs "$NOISY_LONGER"
+                fi
             done
         done
         ;;

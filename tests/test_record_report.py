@@ -177,7 +177,7 @@ def test_the_record_clock_counts_the_margins_with_selection_and_without():
         loss = SlowLoss()
         trainer = SimpleNamespace(selector=selector, per_example_loss_func=loss)
         with RecordClock(trainer) as clock:
-            getattr(trainer.per_example_loss_func, "margins")(None, 1)  # as compute_loss reads it
+            trainer.per_example_loss_func.margins(None, 1)  # as compute_loss reads it
             loss.margins(None, 1)  # as the selection forward's scorer reads it
         assert clock.seconds >= 0.1
         assert trainer.per_example_loss_func is loss and "margins" not in vars(loss)

@@ -235,6 +235,13 @@ class ExampleLoss:
         return tokens.sum(dim=1), (labels != IGNORE_INDEX).sum(dim=1).to(tokens.dtype)
 
 
+def example_margins(loss_fn: PerExampleLoss, outputs, labels: torch.Tensor) -> torch.Tensor | None:
+    """``loss_fn``'s per-example margins (`ExampleLoss.margins`); None where it defines none (a custom
+    per_example_loss_func, or a task without margins)."""
+    margins_of = getattr(loss_fn, "margins", None)
+    return margins_of(outputs, labels) if margins_of is not None else None
+
+
 def model_task(model) -> str:
     """The task a model's loss serves, read the way the Trainer reads it: causal LM if its loss shifts
     labels or it is a causal-LM class, token classification if it is a token-classification class,

@@ -31,7 +31,7 @@ from .engine.padding import queue_padding
 from .engine.run_length import RunLength
 from .engine.scoring import SelectionScorer, selection_model
 from .engine.stall_guard import StallGuard
-from .losses import labels_already_read, model_task, per_example_loss_for, weighted_loss
+from .losses import example_margins, labels_already_read, model_task, per_example_loss_for, weighted_loss
 from .lr_schedule import schedule_for
 from .record import keeper as record_keeping
 from .record import setup as record_setup
@@ -341,9 +341,8 @@ class SelectiveBackpropMixin:
             self.engine.observe(ids, per_example.detach())
         if recorded:
             epoch = self.engine.epoch if self.selector is not None else self.record_keeper.epoch
-            margins_of = getattr(self.per_example_loss_func, "margins", None)
             with torch.no_grad():
-                margins = margins_of(outputs, labels) if margins_of is not None else None
+                margins = example_margins(self.per_example_loss_func, outputs, labels)
             self.record_keeper.trained(ids, per_example, margins, epoch)
         return (loss, outputs) if return_outputs else loss
 

@@ -106,6 +106,7 @@ def test_every_ranking_of_a_noisy_runs_record_is_scored_beside_cleanlabs(tmp_pat
     assert "| latest first learned (never: last) | 1.000 ± 0.000 (1.000) | 1.000 ± 0.000 (1.000) |" in rows
     assert "| most forgetting events | 0.000 ± 0.000 (0.000) | 0.500 ± 0.000 (0.500) |" in rows  # all tied
     assert "| cleanlab 5-fold (5 trainings) | 0.500 ± 0.000 (0.500) | 0.750 ± 0.000 (0.750) |" in rows
+    assert not any("area under the margin" in row for row in rows)  # this record predates the aum column
 
 
 def test_the_record_clock_adds_up_the_time_inside_the_records_calls_and_puts_them_back():

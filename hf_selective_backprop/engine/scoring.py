@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from ..losses import BadRowsError, PerExampleLoss
+from ..losses import BadRowsError, PerExampleLoss, example_margins
 from . import distributed
 
 _AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -126,8 +126,7 @@ class SelectionScorer:
                 extra = getattr(self.loss_fn, "forward_kwargs", None)
                 outputs = self._forward(model, {**inputs, **extra(labels)} if extra is not None else inputs)
                 losses = self.loss_fn(outputs, labels).float()
-                margins_of = getattr(self.loss_fn, "margins", None) if with_margins else None
-                margins = margins_of(outputs, labels) if margins_of is not None else None
+                margins = example_margins(self.loss_fn, outputs, labels) if with_margins else None
         finally:
             model.train(was_training)
         if self.inference_mode:

@@ -13,6 +13,10 @@
 #   lr-long   Traditional, seed 0, $LONG_EPOCHS epochs, at each of $LONG_LRS: the longer run's rate chosen again
 #   long      seeds $LONG_SEEDS, $LONG_EPOCHS epochs: Traditional and $LONG_FRONTIER, each with its control
 #   report    each schedule's frontier report (report.md, frontier.png)
+#   early     one run that prunes once (--sb_strategy early_prune: every example in the first epoch, then the share
+#             $EARLY_KEEPS with the highest first-epoch loss): for each keep and seeds $EARLY_SEEDS, $EPOCHS epochs,
+#             beside its uniform control and early-random (a fixed random subset of the same size), with Traditional
+#             again in each seed so that every saving is timed in one sitting; then its report ($R/epochs$EPOCHS-early)
 #   sst2      does the setting transfer? $TRANSFER on run_finetune_text.sh's SST-2 fine-tuning (its stand-in, its
 #             learning rate, its 2 epochs), seeds $TRANSFER_SEEDS, each beside its control; then its frontier report
 #   sft       the same on run_finetune_sft.sh's SFT workload (TRL's SFTTrainer, validation loss), then its report
@@ -102,6 +106,9 @@ with_controls() {  # NAME...: traditional, then each NAME followed by its unifor
     for NAME in "$@"; do echo "$NAME uniform-for-$NAME"; done
 }
 
+EARLY_KEEPS=${EARLY_KEEPS:-0.5 0.6}
+EARLY_SEEDS=${EARLY_SEEDS:-0 1 2}
+
 for PART in ${PARTS:-pretrain sweep seeds lr-long long report sst2 sft}; do
     case $PART in
     pretrain)
@@ -131,6 +138,18 @@ for PART in ${PARTS:-pretrain sweep seeds lr-long long report sst2 sft}; do
             [[ $SEED == 0 ]] && cp -n "$R/epochs$LONG_EPOCHS/lr/lr$LONG_LR/traditional.json" "$R/epochs$LONG_EPOCHS/seed0/"
             runs "$R/epochs$LONG_EPOCHS/seed$SEED" "$SEED" "$LONG_EPOCHS" "$LONG_LR" $(with_controls $LONG_FRONTIER)
         done
+        ;;
+    early)
+        # Each keep in every seed before the next keep: a stopped run leaves whole comparisons.
+        for KEEP in $EARLY_KEEPS; do
+            for SEED in $EARLY_SEEDS; do
+                runs "$R/epochs$EPOCHS-early/seed$SEED" "$SEED" "$EPOCHS" \
+                    "${LR:-$(best_lr benchmarks/results/finetune-cifar10-$MODEL/lr)}" traditional \
+                    "early-prune-keep$KEEP" "uniform-for-early-prune-keep$KEEP" "early-random-keep$KEEP"
+            done
+        done
+        $PY benchmarks/frontier_report.py --root "$R/epochs$EPOCHS-early" --target 1.5 \
+            --title "Pruning once after the first epoch: CIFAR-10 classes 5-9 from $MODEL pretrained on classes 0-4, $EPOCHS epochs"
         ;;
     sst2)
         PRETRAINED=$TEXT_PRETRAINED PARTS=pretrain bash benchmarks/run_finetune_text.sh
@@ -163,7 +182,7 @@ for PART in ${PARTS:-pretrain sweep seeds lr-long long report sst2 sft}; do
         done
         ;;
     *)
-        echo "unknown part $PART: pretrain, sweep, seeds, lr-long, long, report, sst2 or sft" >&2
+        echo "unknown part $PART: pretrain, sweep, seeds, lr-long, long, report, early, sst2 or sft" >&2
         exit 2
         ;;
     esac

@@ -17,6 +17,14 @@ def test_a_keep_suffix_sets_that_strategys_kept_fraction_only():
     assert build_strategy("sb", 1 / 3, 3, 1).overrides["sb_keep"] == pytest.approx(1 / 3)
 
 
+def test_early_pruning_and_its_random_control_take_a_kept_fraction():
+    prune = build_strategy("early-prune-keep0.6", 1 / 3, 3, 1)
+    assert prune.overrides == {"sb_strategy": "early_prune", "sb_keep": 0.6}
+    assert build_strategy("early-random-keep0.6", 1 / 3, 3, 1).overrides == {"sb_strategy": "early_random",
+                                                                             "sb_keep": 0.6}
+    assert prune.label == "Early prune (highest first-epoch loss), keep 0.6"
+
+
 @pytest.mark.parametrize("name, message", [
     ("infobatch-keep0.5", "infobatch has no kept fraction"), ("sb-keephalf", "must be a number"),
 ])

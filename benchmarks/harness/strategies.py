@@ -26,6 +26,13 @@ RHO_RULES = {
 }
 
 
+#: One run that prunes once after its first epoch: name -> label. The random one is the ranking's control.
+EARLY_PRUNE = {
+    "early-prune": "Early prune (highest first-epoch loss)",
+    "early-random": "Early random subset",
+}
+
+
 class Knob(NamedTuple):
     flag: str  # the SelectiveBackpropConfig field it sets
     label: str  # how a report's label names it
@@ -92,7 +99,8 @@ class Strategy:
 def build_strategy(
     name: str, keep: float, staleness: int, warmup_epochs: int, reference_model: str | None = None
 ) -> Strategy:
-    """`name` is one of traditional, sb, sb-weighted, stale-sb, kath18, composer, uniform, topk, infobatch, sb-warmup,
+    """`name` is one of traditional, sb, sb-weighted, stale-sb, kath18, composer, uniform, topk, infobatch, early-prune,
+    early-random, sb-warmup,
     sb-train-mode, rholoss, rholoss-cdf, stale-rholoss (these three score with ``reference_model``, a folder
     scripts/train.py wrote), optionally followed by knobs (`KNOBS`: stale-sb-n2-keep0.5)."""
     if name == "traditional":
@@ -134,6 +142,8 @@ def build_strategy(
         return Strategy(name, "SB, selection forward in train mode", overrides)
     if name == "infobatch":
         return Strategy(name, "InfoBatch", {"sb_strategy": "infobatch"})
+    if name in EARLY_PRUNE:
+        return Strategy(name, EARLY_PRUNE[name], {"sb_strategy": name.replace("-", "_"), "sb_keep": keep})
     if name in ANNEALED:
         # The last 12.5 % of training on all data, as InfoBatch anneals.
         overrides = {"sb_strategy": "sb", "sb_keep": keep, "sb_end": 0.875, **ANNEALED[name][1]}
@@ -166,7 +176,8 @@ def build_strategy(
         return Strategy(name, labels[name], {"sb_strategy": name, "sb_keep": keep})
     raise ValueError(
         f"unknown strategy {name!r}: choose from traditional, sb, stale-sb, sb-warmup, sb-train-mode, kath18, "
-        f"composer, composer-card, uniform, uniform-for-<strategy>, topk, infobatch, sb-weighted, "
+        f"composer, composer-card, uniform, uniform-for-<strategy>, topk, infobatch, sb-weighted, early-prune, "
+        f"early-random, "
         f"followed by knobs -keep<fraction>, -n<staleness>, -r<prune ratio>, -delta<anneal delta>, -end<share>, "
         f"{', '.join(RHO_RULES)}, {', '.join(ANNEALED)}"
     )

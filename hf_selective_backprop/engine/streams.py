@@ -22,7 +22,7 @@ import contextlib
 import torch
 from torch.utils.data import IterableDataset
 
-from ..selectors import Selector
+from ..selectors import EarlyPruneSelector, Selector
 from . import distributed
 from .indexing import MAX_ID_SPAN_PER_ROW, MIN_ID_SPAN
 
@@ -61,6 +61,11 @@ def check_training_data(args, selector: Selector, dataset) -> None:
         )
     if not is_stream(dataset):
         return
+    if isinstance(selector, EarlyPruneSelector):
+        raise ValueError(
+            f"--sb_strategy {args.sb_strategy} trains a fixed share of a map-style training set's examples from its "
+            "second epoch on: a stream has no positions to keep; use a map-style dataset, or --sb_strategy infobatch"
+        )
     needs = id_needs(args, selector, stream=True)
     columns = getattr(dataset, "column_names", None)  # None where the stream's features are not known
     if needs is not None and columns is not None and args.sb_index_column not in columns:

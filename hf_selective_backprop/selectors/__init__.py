@@ -6,6 +6,7 @@ one defined elsewhere (see docs/architecture.md).
 
 from .base import Selection, Selector
 from .composer import ComposerSelector
+from .early_prune import EARLY_PRUNE_RANKINGS, EarlyPruneSelector
 from .infobatch import InfoBatchSelector
 from .kath18 import Kath18Selector
 from .percentile import PercentileSelector
@@ -16,7 +17,9 @@ from .topk import TopKSelector, keep_count
 from .uniform import UniformSelector
 
 __all__ = [
+    "EARLY_PRUNE_RANKINGS",
     "ComposerSelector",
+    "EarlyPruneSelector",
     "InfoBatchSelector",
     "Kath18Selector",
     "PercentileSelector",
@@ -49,6 +52,17 @@ register_strategy(
         args.sb_presample_value, args.sb_importance_weighting, args.sb_variance_start, args.per_device_train_batch_size
     ),
 )
+
+
+def _early_prune(by: str):
+    # Warm-up epochs (--sb_warmup_epochs) train everything already; without them the first epoch does.
+    return lambda args: EarlyPruneSelector(
+        args.sb_keep_fraction, by, args.num_train_epochs, full_epochs=0 if args.sb_warmup_epochs else 1
+    )
+
+
+register_strategy("early_prune", _early_prune("loss"))
+register_strategy("early_random", _early_prune("random"))
 register_strategy(
     "infobatch", lambda args: InfoBatchSelector(args.sb_prune_ratio, args.sb_anneal_delta, args.num_train_epochs)
 )

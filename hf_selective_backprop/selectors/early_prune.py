@@ -1,0 +1,76 @@
+"""Early pruning inside one run: train on everything until every example has a loss, then rank the examples once
+and train the remaining epochs on a fixed share of them.
+
+This is the pruning of Data Diet (Paul et al., NeurIPS 2021: examples ranked by their loss early in training, the
+hardest kept) without the second run: the first epoch is both the scoring and the start of training, so the
+scoring costs nothing extra. ``by="random"`` keeps a random subset of the same size, chosen at the same point: the
+control the ranking has to beat.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .base import Selection, Selector
+from .topk import check_keep, keep_count
+
+EARLY_PRUNE_RANKINGS = ("loss", "random")
+
+
+class EarlyPruneSelector(Selector):
+    """Keeps every example until a plan sees stored losses; then, once, the ``keep`` share with the highest latest
+    training-forward loss (``by="loss"``) or a random share of that size (``by="random"``), for every later epoch.
+
+    The scores are the losses the trainer stores for every trained example (``uses_stored_losses``), so there is no
+    selection forward. Examples the first epoch did not train (no stored loss) rank first: nothing says they are
+    easy. The kept positions are the strategy's state (a checkpoint holds them), so a resumed run trains the same
+    subset. ``full_epochs`` is the number of epochs that train everything before the first plan that sees losses
+    (1 without ``--sb_warmup_epochs``, 0 with it: warm-up epochs are sized by the run already); with
+    ``num_epochs`` it sizes the schedule.
+    """
+
+    needs_losses = False
+    uses_stored_losses = True
+
+    def __init__(self, keep: float, by: str, num_epochs: float, full_epochs: int = 1):
+        if by not in EARLY_PRUNE_RANKINGS:
+            raise ValueError(f"by must be one of {', '.join(EARLY_PRUNE_RANKINGS)}, got {by!r}")
+        self.keep = check_keep(keep)
+        self.by = by
+        self.num_epochs = num_epochs
+        self.full_epochs = full_epochs
+        #: Positions trained in every epoch after the choice; None until stored losses are seen.
+        self.kept: torch.Tensor | None = None
+
+    def fit_run(self, num_epochs: float) -> None:
+        self.num_epochs = num_epochs
+
+    def plan_epoch(self, stored_losses: torch.Tensor, generator: torch.Generator, epoch: int) -> Selection | None:
+        if self.kept is None:
+            if not bool(torch.isfinite(stored_losses).any()):
+                return None
+            self.kept = self._choose(stored_losses, generator)
+        return Selection(self.kept)
+
+    def _choose(self, stored_losses: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        count = keep_count(self.keep, stored_losses.numel())
+        if self.by == "random":
+            order = torch.randperm(stored_losses.numel(), generator=generator)
+        else:
+            ranked = torch.nan_to_num(stored_losses.float(), nan=float("inf"))
+            order = torch.argsort(ranked, descending=True, stable=True)
+        return torch.sort(order[:count]).values
+
+    def _select(self, losses: torch.Tensor, generator: torch.Generator, population: torch.Tensor) -> Selection:
+        # An epoch not planned before loading (the first, or one under --sb_interrupt) trains every row it loads.
+        return Selection(torch.arange(losses.numel()))
+
+    def expected_keep_fraction(self) -> float:
+        full = min(self.full_epochs, self.num_epochs)
+        return (full + (self.num_epochs - full) * self.keep) / self.num_epochs if self.num_epochs else 1.0
+
+    def state_dict(self) -> dict:
+        return {"kept": self.kept}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.kept = state["kept"]

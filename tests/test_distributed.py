@@ -269,6 +269,16 @@ def test_infobatch_decides_the_same_on_every_rank(tmp_path):
     assert 2 * EXAMPLES < stats["examples_loaded"] < 3 * EXAMPLES
 
 
+def test_early_prune_trains_one_subset_on_every_rank(tmp_path):
+    ranks = _launch(tmp_path, ["--strategy", "early_prune", "--keep", "0.5", "--epochs", "3"])
+    assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
+    assert _same_weights(ranks[0]["weights"], ranks[1]["weights"])
+    stats = _stats_json(tmp_path)
+    assert stats["selection_forwards"] == 0 and stats["examples_seen"] == 3 * EXAMPLES
+    # Everything in the first epoch, then the plan's half in each of the two others: one plan for both ranks.
+    assert stats["examples_loaded"] == EXAMPLES + 2 * EXAMPLES // 2
+
+
 def test_text_rows_of_different_lengths_keep_two_processes_in_lockstep(tmp_path):
     ranks = _launch(tmp_path, ["--text", "--keep", "0.5", "--batch", "4", "--grad-accum", "2", "--epochs", "2"])
     assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0

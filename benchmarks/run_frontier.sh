@@ -15,7 +15,8 @@
 #   report    each schedule's frontier report (report.md, frontier.png)
 #   early     one run that prunes once (--sb_strategy early_prune: every example in the first epoch, then the share
 #             $EARLY_KEEPS with the highest first-epoch loss): for each keep and seeds $EARLY_SEEDS, $EPOCHS epochs,
-#             beside its uniform control and early-random (a fixed random subset of the same size), with Traditional
+#             beside its uniform control and early-random (a fixed random subset of the same size; EARLY_RANDOM=no
+#             leaves it out), with Traditional
 #             again in each seed so that every saving is timed in one sitting; then its report ($R/epochs$EPOCHS-early)
 #   sst2      does the setting transfer? $TRANSFER on run_finetune_text.sh's SST-2 fine-tuning (its stand-in, its
 #             learning rate, its 2 epochs), seeds $TRANSFER_SEEDS, each beside its control; then its frontier report
@@ -108,6 +109,7 @@ with_controls() {  # NAME...: traditional, then each NAME followed by its unifor
 
 EARLY_KEEPS=${EARLY_KEEPS:-0.5 0.6}
 EARLY_SEEDS=${EARLY_SEEDS:-0 1 2}
+EARLY_RANDOM=${EARLY_RANDOM:-yes}  # no: leave out early-random (the fixed random subset; uniform is the other control)
 
 for PART in ${PARTS:-pretrain sweep seeds lr-long long report sst2 sft}; do
     case $PART in
@@ -143,9 +145,10 @@ for PART in ${PARTS:-pretrain sweep seeds lr-long long report sst2 sft}; do
         # Each keep in every seed before the next keep: a stopped run leaves whole comparisons.
         for KEEP in $EARLY_KEEPS; do
             for SEED in $EARLY_SEEDS; do
+                NAMES=("early-prune-keep$KEEP" "uniform-for-early-prune-keep$KEEP")
+                [[ $EARLY_RANDOM == yes ]] && NAMES+=("early-random-keep$KEEP")
                 runs "$R/epochs$EPOCHS-early/seed$SEED" "$SEED" "$EPOCHS" \
-                    "${LR:-$(best_lr benchmarks/results/finetune-cifar10-$MODEL/lr)}" traditional \
-                    "early-prune-keep$KEEP" "uniform-for-early-prune-keep$KEEP" "early-random-keep$KEEP"
+                    "${LR:-$(best_lr benchmarks/results/finetune-cifar10-$MODEL/lr)}" traditional "${NAMES[@]}"
             done
         done
         $PY benchmarks/frontier_report.py --root "$R/epochs$EPOCHS-early" --target 1.5 \

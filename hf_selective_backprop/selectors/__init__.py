@@ -6,7 +6,7 @@ one defined elsewhere (see docs/architecture.md).
 
 from .base import Selection, Selector
 from .composer import ComposerSelector
-from .early_prune import EARLY_PRUNE_RANKINGS, EarlyPruneSelector
+from .early_prune import EarlyPruneSelector
 from .infobatch import InfoBatchSelector
 from .kath18 import Kath18Selector
 from .percentile import PercentileSelector
@@ -17,7 +17,6 @@ from .topk import TopKSelector, keep_count
 from .uniform import UniformSelector
 
 __all__ = [
-    "EARLY_PRUNE_RANKINGS",
     "ComposerSelector",
     "EarlyPruneSelector",
     "InfoBatchSelector",

@@ -1,5 +1,5 @@
-"""Early pruning inside one run: train on everything until every example has a loss, then rank the examples once
-and train the remaining epochs on a fixed share of them.
+"""Early pruning inside one run: train on everything for an epoch, which gives every example a loss, then rank the
+examples once and train the remaining epochs on a fixed share of them.
 
 This is the pruning of Data Diet (Paul et al., NeurIPS 2021: examples ranked by their loss early in training, the
 hardest kept) without the second run: the first epoch is both the scoring and the start of training, so the

@@ -1,16 +1,13 @@
 """Early pruning in one run: the first epoch on everything, then a fixed subset ranked by first-epoch loss (or a
 random one, its control) for every later epoch."""
 
-import os
-
 import pytest
 import torch
-from test_engine import CountingRows, N, TrainedIds, train
+from test_engine import CountingRows, N, TrainedIds, resume_inside_a_planned_epoch, train
 from tiny import TinyClassifier, make_config, make_dataset
 from transformers import TrainerCallback
 
 from hf_selective_backprop import SelectiveBackpropTrainer
-from hf_selective_backprop.engine.checkpoints import STATE_FILE
 from hf_selective_backprop.selectors import EarlyPruneSelector, keep_count
 
 
@@ -87,18 +84,9 @@ def test_the_random_control_trains_a_random_subset_of_the_same_size(output_dir):
 
 
 def test_early_prune_resumes_inside_a_pruned_epoch_bit_for_bit(output_dir, tmp_path):
-    settings = dict(sb_strategy="early_prune", sb_keep=0.5, num_train_epochs=3)
-    full = train(output_dir, **settings)
-    partial_dir = str(tmp_path / "partial")
-    train(partial_dir, save_strategy="steps", save_steps=5, **settings)
-    checkpoints = [os.path.join(partial_dir, name) for name in os.listdir(partial_dir) if name.startswith("checkpoint")]
-    states = {path: torch.load(os.path.join(path, STATE_FILE), weights_only=True) for path in checkpoints}
-    inside = [path for path, state in states.items() if state["plan"] is not None and state["consumed"] > 0]
-    assert inside, "no checkpoint inside a pruned epoch"
-    resumed = train(str(tmp_path / "resumed"), resume=inside[0], **settings)
-    assert resumed.state.global_step == full.state.global_step
-    for ours, theirs in zip(resumed.model.parameters(), full.model.parameters(), strict=True):
-        assert torch.equal(ours, theirs)
+    full, resumed = resume_inside_a_planned_epoch(output_dir, tmp_path, sb_strategy="early_prune", sb_keep=0.5,
+                                                  num_train_epochs=3)
+    assert resumed.sb_stats["kept"] == full.sb_stats["kept"]
 
 
 def test_a_stream_is_refused_before_training(output_dir):

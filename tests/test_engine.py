@@ -49,6 +49,22 @@ def train(output_dir, dataset=None, trainer_cls=TrainedIds, resume=None, **overr
     return trainer
 
 
+def resume_inside_a_planned_epoch(output_dir, tmp_path, **settings):
+    """Train uninterrupted, then again from a checkpoint taken inside an epoch planned before loading: both runs."""
+    full = train(output_dir, **settings)
+    partial_dir = str(tmp_path / "partial")
+    train(partial_dir, save_strategy="steps", save_steps=5, **settings)
+    checkpoints = [os.path.join(partial_dir, name) for name in os.listdir(partial_dir) if name.startswith("checkpoint")]
+    states = {path: torch.load(os.path.join(path, STATE_FILE), weights_only=True) for path in checkpoints}
+    inside = [path for path, state in states.items() if state["plan"] is not None and state["consumed"] > 0]
+    assert inside, "no checkpoint inside a planned epoch"
+    resumed = train(str(tmp_path / "resumed"), resume=inside[0], **settings)
+    assert resumed.state.global_step == full.state.global_step
+    for ours, theirs in zip(resumed.model.parameters(), full.model.parameters(), strict=True):
+        assert torch.equal(ours, theirs)
+    return full, resumed
+
+
 def test_uniform_loads_only_the_examples_it_trains(output_dir):
     rows = CountingRows()
     trainer = train(output_dir, rows, sb_strategy="uniform", num_train_epochs=2)

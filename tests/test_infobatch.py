@@ -1,14 +1,11 @@
 """InfoBatch: easy examples pruned before loading at rate r, the kept easy ones reweighted, all data at the end."""
 
-import os
-
 import pytest
 import torch
-from test_engine import CountingRows, N, TrainedIds, train
+from test_engine import CountingRows, N, TrainedIds, resume_inside_a_planned_epoch, train
 from tiny import TinyClassifier, make_config, make_dataset
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
-from hf_selective_backprop.engine.checkpoints import STATE_FILE
 from hf_selective_backprop.selectors import InfoBatchSelector
 from hf_selective_backprop.trainer import WEIGHT_KEY
 
@@ -58,18 +55,8 @@ def test_infobatch_trains_without_selection_forwards_and_anneals_to_all_data(out
 
 
 def test_infobatch_resumes_inside_a_pruned_epoch_to_the_same_weights(output_dir, tmp_path):
-    settings = dict(sb_strategy="infobatch", sb_anneal_delta=0.75, num_train_epochs=4)
-    full = train(output_dir, **settings)
-    partial_dir = str(tmp_path / "partial")
-    train(partial_dir, save_strategy="steps", save_steps=5, **settings)
-    checkpoints = [os.path.join(partial_dir, name) for name in os.listdir(partial_dir) if name.startswith("checkpoint")]
-    states = {path: torch.load(os.path.join(path, STATE_FILE), weights_only=True) for path in checkpoints}
-    inside = [path for path, state in states.items() if state["plan"] is not None and state["consumed"] > 0]
-    assert inside, "no checkpoint inside a pruned epoch"
-    resumed = train(str(tmp_path / "resumed"), resume=inside[0], **settings)
-    assert resumed.state.global_step == full.state.global_step
-    for ours, theirs in zip(resumed.model.parameters(), full.model.parameters(), strict=True):
-        assert torch.equal(ours, theirs)
+    full, resumed = resume_inside_a_planned_epoch(output_dir, tmp_path, sb_strategy="infobatch", sb_anneal_delta=0.75,
+                                                  num_train_epochs=4)
     assert resumed.sb_stats["kept"] == full.sb_stats["kept"]
 
 

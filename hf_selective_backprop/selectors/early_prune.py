@@ -1,10 +1,10 @@
 """Early pruning inside one run: train on everything for an epoch, which gives every example a loss, then rank the
 examples once and train the remaining epochs on a fixed share of them.
 
-This is the pruning of Data Diet (Paul et al., NeurIPS 2021: examples ranked by their loss early in training, the
-hardest kept) without the second run: the first epoch is both the scoring and the start of training, so the
-scoring costs nothing extra. ``by="random"`` keeps a random subset of the same size, chosen at the same point: the
-control the ranking has to beat.
+This prunes as Data Diet does (Paul et al., NeurIPS 2021: examples ranked by their difficulty early in training, by
+the error's norm there and by the loss here, the hardest kept) without the second run: the first epoch is both the
+scoring and the start of training, so the scoring costs nothing extra. ``by="random"`` keeps a random subset of the
+same size, chosen at the same point: the control the ranking has to beat.
 """
 
 from __future__ import annotations

@@ -96,14 +96,19 @@ def brightest_channel_images(n: int, seed: int) -> ImageTensorDataset:
 
 
 def test_the_guard_stays_silent_fine_tuning_an_image_classifier(output_dir):
-    """A timm network pretrained on the images, given a new head and fine-tuned with SB at keep 1/3: it learns."""
+    """A timm network pretrained on the images, given a new head and fine-tuned with SB at keep 1/3: it learns.
+
+    Three epochs of pretraining and four of fine-tuning: with two and three, one seed of six ended at 0.95 ln(3), a
+    pass or a failure by the CPU's rounding; with these, nine runs (six seeds, and three on the plain kernels) ended at
+    0.07 to 0.44 ln(3)."""
     torch.manual_seed(0)
     model = build_model(ModelArguments(model="cifar_resnet20"), 3, 8, (0.5,) * 3, (0.25,) * 3)
     settings = dict(per_device_train_batch_size=16, learning_rate=1e-3, logging_steps=2)
-    SelectiveBackpropTrainer(model=model, args=make_config(output_dir, sb_strategy="none", **settings),
+    SelectiveBackpropTrainer(model=model, args=make_config(output_dir, sb_strategy="none", num_train_epochs=3,
+                                                           **settings),
                              train_dataset=brightest_channel_images(256, seed=0)).train()
     model.timm_model.reset_classifier(3)  # a new head
-    trainer = SelectiveBackpropTrainer(model=model, args=make_config(output_dir, num_train_epochs=3, **settings),
+    trainer = SelectiveBackpropTrainer(model=model, args=make_config(output_dir, num_train_epochs=4, **settings),
                                        train_dataset=brightest_channel_images(256, seed=1),
                                        eval_dataset=brightest_channel_images(128, seed=2))
     assert any(isinstance(callback, StallGuard) for callback in trainer.callback_handler.callbacks)

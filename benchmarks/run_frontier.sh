@@ -142,13 +142,16 @@ for PART in ${PARTS:-pretrain sweep seeds lr-long long report sst2 sft}; do
         done
         ;;
     early)
+        # The rate chosen for Traditional at these epochs: the lr-long part's where it ran them, else run_finetune.sh's.
+        LR_ROOT=$R/epochs$EPOCHS/lr
+        [[ -d $LR_ROOT ]] || LR_ROOT=benchmarks/results/finetune-cifar10-$MODEL/lr
+        EARLY_LR=${LR:-$(best_lr "$LR_ROOT")}
         # Each keep in every seed before the next keep: a stopped run leaves whole comparisons.
         for KEEP in $EARLY_KEEPS; do
             for SEED in $EARLY_SEEDS; do
                 NAMES=("early-prune-keep$KEEP" "uniform-for-early-prune-keep$KEEP")
                 [[ $EARLY_RANDOM == yes ]] && NAMES+=("early-random-keep$KEEP")
-                runs "$R/epochs$EPOCHS-early/seed$SEED" "$SEED" "$EPOCHS" \
-                    "${LR:-$(best_lr benchmarks/results/finetune-cifar10-$MODEL/lr)}" traditional "${NAMES[@]}"
+                runs "$R/epochs$EPOCHS-early/seed$SEED" "$SEED" "$EPOCHS" "$EARLY_LR" traditional "${NAMES[@]}"
             done
         done
         $PY benchmarks/frontier_report.py --root "$R/epochs$EPOCHS-early" --target 1.5 \

@@ -98,9 +98,8 @@ def brightest_channel_images(n: int, seed: int) -> ImageTensorDataset:
 def test_the_guard_stays_silent_fine_tuning_an_image_classifier(output_dir):
     """A timm network pretrained on the images, given a new head and fine-tuned with SB at keep 1/3: it learns.
 
-    Three epochs of pretraining and four of fine-tuning: with two and three, the test's seed ended at 0.95 ln(3) and
-    failed (five other seeds: 0.30 to 0.53 ln(3)); with these, nine runs (six seeds, and three on the plain kernels)
-    ended at 0.07 to 0.44 ln(3)."""
+    Three epochs of pretraining and four of fine-tuning: with two and three this seed ended just under ln(3), above
+    the bound below, though other seeds learned; the longer schedule leaves chance well behind."""
     torch.manual_seed(0)
     model = build_model(ModelArguments(model="cifar_resnet20"), 3, 8, (0.5,) * 3, (0.25,) * 3)
     settings = dict(per_device_train_batch_size=16, learning_rate=1e-3, logging_steps=2)

@@ -18,6 +18,9 @@
 #             beside its uniform control and early-random (a fixed random subset of the same size; EARLY_RANDOM=no
 #             leaves it out), with Traditional
 #             again in each seed so that every saving is timed in one sitting; then its report ($R/epochs$EPOCHS-early)
+#   sst2-early  the early part on run_finetune_text.sh's SST-2 fine-tuning (its stand-in, its learning rate, its 2
+#             epochs): keeps $SST2_EARLY_KEEPS, seeds $TRANSFER_SEEDS, each beside Traditional, its uniform control and
+#             early-random; then its report ($SST2-early)
 #   sst2      does the setting transfer? $TRANSFER on run_finetune_text.sh's SST-2 fine-tuning (its stand-in, its
 #             learning rate, its 2 epochs), seeds $TRANSFER_SEEDS, each beside its control; then its frontier report
 #   sft       the same on run_finetune_sft.sh's SFT workload (TRL's SFTTrainer, validation loss), then its report
@@ -110,6 +113,14 @@ with_controls() {  # NAME...: traditional, then each NAME followed by its unifor
 EARLY_KEEPS=${EARLY_KEEPS:-0.5 0.6}
 EARLY_SEEDS=${EARLY_SEEDS:-0 1 2}
 EARLY_RANDOM=${EARLY_RANDOM:-yes}  # no: leave out early-random (the fixed random subset; uniform is the other control)
+# SST-2 trains 2 epochs, so pruning after the first saves at most 2 / (1 + keep): 1.33x at keep 0.5.
+SST2_EARLY_KEEPS=${SST2_EARLY_KEEPS:-0.5}
+
+early_names() {  # KEEP: early_prune at that keep, its uniform control and (EARLY_RANDOM=yes) early-random
+    echo "early-prune-keep$1" "uniform-for-early-prune-keep$1"
+    [[ $EARLY_RANDOM == yes ]] && echo "early-random-keep$1"
+    return 0
+}
 
 for PART in ${PARTS:-pretrain sweep seeds lr-long long report sst2 sft}; do
     case $PART in
@@ -149,13 +160,21 @@ for PART in ${PARTS:-pretrain sweep seeds lr-long long report sst2 sft}; do
         # Each keep in every seed before the next keep: a stopped run leaves whole comparisons.
         for KEEP in $EARLY_KEEPS; do
             for SEED in $EARLY_SEEDS; do
-                NAMES=("early-prune-keep$KEEP" "uniform-for-early-prune-keep$KEEP")
-                [[ $EARLY_RANDOM == yes ]] && NAMES+=("early-random-keep$KEEP")
-                runs "$R/epochs$EPOCHS-early/seed$SEED" "$SEED" "$EPOCHS" "$EARLY_LR" traditional "${NAMES[@]}"
+                runs "$R/epochs$EPOCHS-early/seed$SEED" "$SEED" "$EPOCHS" "$EARLY_LR" traditional $(early_names "$KEEP")
             done
         done
         $PY benchmarks/frontier_report.py --root "$R/epochs$EPOCHS-early" --target 1.5 \
             --title "Pruning once after the first epoch: CIFAR-10 classes 5-9 from $MODEL pretrained on classes 0-4, $EPOCHS epochs"
+        ;;
+    sst2-early)
+        PRETRAINED=$TEXT_PRETRAINED PARTS=pretrain bash benchmarks/run_finetune_text.sh
+        for KEEP in $SST2_EARLY_KEEPS; do
+            for SEED in $TRANSFER_SEEDS; do
+                text_runs "$SST2-early/seed$SEED" "$SEED" traditional $(early_names "$KEEP")
+            done
+        done
+        $PY benchmarks/frontier_report.py --root "$SST2-early" --target 1.3 \
+            --title "Pruning once after the first epoch: SST-2 from a BERT 2x128 pretrained (masked LM) on its sentences, 2 epochs"
         ;;
     sst2)
         PRETRAINED=$TEXT_PRETRAINED PARTS=pretrain bash benchmarks/run_finetune_text.sh
@@ -188,7 +207,7 @@ for PART in ${PARTS:-pretrain sweep seeds lr-long long report sst2 sft}; do
         done
         ;;
     *)
-        echo "unknown part $PART: pretrain, sweep, seeds, lr-long, long, report, early, sst2 or sft" >&2
+        echo "unknown part $PART: pretrain, sweep, seeds, lr-long, long, report, early, sst2-early, sst2 or sft" >&2
         exit 2
         ;;
     esac

@@ -17,10 +17,12 @@
 #             $EARLY_KEEPS with the highest first-epoch loss): for each keep and seeds $EARLY_SEEDS, $EPOCHS epochs,
 #             beside its uniform control and early-random (a fixed random subset of the same size; EARLY_RANDOM=no
 #             leaves it out), with Traditional
-#             again in each seed so that every saving is timed in one sitting; then its report ($R/epochs$EPOCHS-early)
+#             again in each seed so that every saving is timed in one sitting; then its report ($R/epochs$EPOCHS-early).
+#             EARLY_DELTA=D anneals early_prune and early-random (--sb_anneal_delta D: the epochs from D x $EPOCHS on
+#             train everything again), in a folder of its own ($R/epochs$EPOCHS-early-deltaD) with its own Traditional
 #   sst2-early  the early part on run_finetune_text.sh's SST-2 fine-tuning (its stand-in, its learning rate, its 2
 #             epochs): keeps $SST2_EARLY_KEEPS, seeds $TRANSFER_SEEDS, each beside Traditional, its uniform control and
-#             early-random; then its report ($SST2-early)
+#             early-random; then its report ($SST2-early; EARLY_DELTA as in the early part)
 #   sst2      does the setting transfer? $TRANSFER on run_finetune_text.sh's SST-2 fine-tuning (its stand-in, its
 #             learning rate, its 2 epochs), seeds $TRANSFER_SEEDS, each beside its control; then its frontier report
 #   sft       the same on run_finetune_sft.sh's SFT workload (TRL's SFTTrainer, validation loss), then its report
@@ -113,12 +115,13 @@ with_controls() {  # NAME...: traditional, then each NAME followed by its unifor
 EARLY_KEEPS=${EARLY_KEEPS:-0.5 0.6}
 EARLY_SEEDS=${EARLY_SEEDS:-0 1 2}
 EARLY_RANDOM=${EARLY_RANDOM:-yes}  # no: leave out early-random (the fixed random subset; uniform is the other control)
+EARLY_KNOB=${EARLY_DELTA:+-delta$EARLY_DELTA}  # the benchmark's knob for --sb_anneal_delta, or nothing
 # SST-2 trains 2 epochs, so pruning after the first saves at most 2 / (1 + keep): 1.33x at keep 0.5.
 SST2_EARLY_KEEPS=${SST2_EARLY_KEEPS:-0.5}
 
 early_names() {  # KEEP: early_prune at that keep, its uniform control and (EARLY_RANDOM=yes) early-random
-    echo "early-prune-keep$1" "uniform-for-early-prune-keep$1"
-    [[ $EARLY_RANDOM == yes ]] && echo "early-random-keep$1"
+    echo "early-prune-keep$1$EARLY_KNOB" "uniform-for-early-prune-keep$1$EARLY_KNOB"
+    [[ $EARLY_RANDOM == yes ]] && echo "early-random-keep$1$EARLY_KNOB"
     return 0
 }
 
@@ -158,23 +161,24 @@ for PART in ${PARTS:-pretrain sweep seeds lr-long long report sst2 sft}; do
         [[ -d $LR_ROOT ]] || LR_ROOT=benchmarks/results/finetune-cifar10-$MODEL/lr
         EARLY_LR=${LR:-$(best_lr "$LR_ROOT")}
         # Each keep in every seed before the next keep: a stopped run leaves whole comparisons.
+        EARLY_ROOT=$R/epochs$EPOCHS-early$EARLY_KNOB
         for KEEP in $EARLY_KEEPS; do
             for SEED in $EARLY_SEEDS; do
-                runs "$R/epochs$EPOCHS-early/seed$SEED" "$SEED" "$EPOCHS" "$EARLY_LR" traditional $(early_names "$KEEP")
+                runs "$EARLY_ROOT/seed$SEED" "$SEED" "$EPOCHS" "$EARLY_LR" traditional $(early_names "$KEEP")
             done
         done
-        $PY benchmarks/frontier_report.py --root "$R/epochs$EPOCHS-early" --target 1.5 \
-            --title "Pruning once after the first epoch: CIFAR-10 classes 5-9 from $MODEL pretrained on classes 0-4, $EPOCHS epochs"
+        $PY benchmarks/frontier_report.py --root "$EARLY_ROOT" --target 1.5 \
+            --title "Pruning once after the first epoch${EARLY_DELTA:+, all data again from $EARLY_DELTA of the run}: CIFAR-10 classes 5-9 from $MODEL pretrained on classes 0-4, $EPOCHS epochs"
         ;;
     sst2-early)
         PRETRAINED=$TEXT_PRETRAINED PARTS=pretrain bash benchmarks/run_finetune_text.sh
         for KEEP in $SST2_EARLY_KEEPS; do
             for SEED in $TRANSFER_SEEDS; do
-                text_runs "$SST2-early/seed$SEED" "$SEED" traditional $(early_names "$KEEP")
+                text_runs "$SST2-early$EARLY_KNOB/seed$SEED" "$SEED" traditional $(early_names "$KEEP")
             done
         done
-        $PY benchmarks/frontier_report.py --root "$SST2-early" --target 1.3 \
-            --title "Pruning once after the first epoch: SST-2 from a BERT 2x128 pretrained (masked LM) on its sentences, 2 epochs"
+        $PY benchmarks/frontier_report.py --root "$SST2-early$EARLY_KNOB" --target 1.3 \
+            --title "Pruning once after the first epoch${EARLY_DELTA:+, all data again from $EARLY_DELTA of the run}: SST-2 from a BERT 2x128 pretrained (masked LM) on its sentences, 2 epochs"
         ;;
     sst2)
         PRETRAINED=$TEXT_PRETRAINED PARTS=pretrain bash benchmarks/run_finetune_text.sh

@@ -23,6 +23,9 @@ SELECTION_MODES = ("eval", "train")
 RHO_RULES = ("topk", "cdf")
 SELECTION_PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 HISTORY_SCOPES = ("global", "local")
+ANNEALING_STRATEGIES = ("infobatch", "early_prune", "early_random")
+#: Built-in strategies that never read --sb_anneal_delta (a registered one may).
+NON_ANNEALING_STRATEGIES = ("none", "sb", "topk", "composer", "kath18", "uniform", "rholoss")
 DEFAULT_KEEP = 1.0 / 3.0
 #: The loss history holds R float32 losses, allocated at once; R beyond this is a typo, not a setting
 #: (the paper uses 1024, and the CDF is recomputed over all R at every selection batch).
@@ -205,12 +208,13 @@ class SelectiveBackpropArguments:
             "below the mean; kept ones get loss weight 1/(1-r)."
         },
     )
-    sb_anneal_delta: float = field(
-        default=0.875,
+    sb_anneal_delta: float | None = field(
+        default=None,
         metadata={
-            "help": "'infobatch': fraction of the epochs, in [0, 1], that prune; the epochs from "
-            "delta x num_train_epochs on train on all data, unweighted (InfoBatch's annealing). On a "
-            "stream (step-based, --max_steps) the steps from delta x max_steps on."
+            "help": "'infobatch', 'early_prune' and 'early_random': the share of the epochs, in [0, 1], before "
+            "annealing; the epochs from delta x num_train_epochs on train on all data, unweighted (InfoBatch's "
+            "annealing). On a stream (step-based, --max_steps) the steps from delta x max_steps on. Default: "
+            "0.875 for 'infobatch' (the paper's), 1 (no annealing) for 'early_prune' and 'early_random'."
         },
     )
 
@@ -380,7 +384,7 @@ class SelectiveBackpropArguments:
             fail("sb_selection_scale", "in (0, 1]", self.sb_selection_scale)
         if not 0.0 <= self.sb_prune_ratio < 1.0:
             fail("sb_prune_ratio", "in [0, 1)", self.sb_prune_ratio)
-        if not 0.0 <= self.sb_anneal_delta <= 1.0:
+        if self.sb_anneal_delta is not None and not 0.0 <= self.sb_anneal_delta <= 1.0:
             fail("sb_anneal_delta", "in [0, 1]", self.sb_anneal_delta)
         self._validate_reference()
         self._validate_budget()
@@ -402,6 +406,12 @@ class SelectiveBackpropArguments:
                 f"--sb_prune_ratio ({self.sb_prune_ratio}) of the examples below the mean loss (infobatch is the "
                 "default strategy); set that instead, or a strategy that trains a fraction (--sb_strategy uniform, "
                 "sb, topk, ...)",
+                UserWarning, stacklevel=2,
+            )
+        if self.sb_anneal_delta is not None and self.sb_strategy in NON_ANNEALING_STRATEGIES:
+            warnings.warn(
+                f"--sb_anneal_delta {self.sb_anneal_delta} does not apply to --sb_strategy {self.sb_strategy}; it "
+                f"sets the annealing of {', '.join(ANNEALING_STRATEGIES)}",
                 UserWarning, stacklevel=2,
             )
         if self.sb_history_scope not in HISTORY_SCOPES:

@@ -40,6 +40,8 @@ def test_knobs_chain_and_each_sets_its_own_flag():
     info = build_strategy("infobatch-r0.3-delta0.75", 1 / 3, 3, 1)
     assert info.overrides == {"sb_strategy": "infobatch", "sb_prune_ratio": 0.3, "sb_anneal_delta": 0.75}
     assert info.label == "InfoBatch, r 0.3, delta 0.75"
+    early = build_strategy("early-prune-keep0.6-delta0.9", 1 / 3, 3, 1)
+    assert early.overrides == {"sb_strategy": "early_prune", "sb_keep": 0.6, "sb_anneal_delta": 0.9}
     weighted = build_strategy("sb-weighted-keep0.5", 1 / 3, 3, 1)
     assert weighted.overrides == {"sb_strategy": "sb", "sb_keep": 0.5, "sb_importance_weighting": True}
     assert build_strategy("stale-sb-anneal-n2-keep0.5", 1 / 3, 3, 1).label == "Stale-SB (n=2) keep 0.50, annealed"

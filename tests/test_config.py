@@ -5,7 +5,7 @@ import pytest
 from transformers import HfArgumentParser
 
 from hf_selective_backprop import SelectiveBackpropConfig
-from hf_selective_backprop.selectors import strategy_names
+from hf_selective_backprop.selectors import build_selector, strategy_names
 
 
 def make(**overrides):
@@ -31,6 +31,19 @@ def test_a_keep_fraction_without_a_strategy_names_the_default_that_ignores_it():
         SelectiveBackpropConfig(output_dir="unused", report_to=[], use_cpu=True, sb_keep=0.5)
 
 
+def test_the_annealing_delta_defaults_per_strategy_and_warns_where_it_does_not_apply():
+    assert make().sb_anneal_delta is None
+    assert build_selector(make(sb_strategy="infobatch")).anneal_delta == 0.875  # InfoBatch's own
+    assert build_selector(make(sb_strategy="early_prune", sb_keep=0.5)).anneal_delta == 1.0  # no annealing
+    assert build_selector(make(sb_strategy="early_random", sb_keep=0.5, sb_anneal_delta=0.9)).anneal_delta == 0.9
+    (parsed,) = HfArgumentParser(SelectiveBackpropConfig).parse_args_into_dataclasses(
+        ["--output_dir", "o", "--sb_strategy", "early_prune", "--sb_anneal_delta", "0.9"])
+    assert parsed.sb_anneal_delta == 0.9
+    with pytest.warns(UserWarning, match=r"--sb_anneal_delta 0.9 does not apply to --sb_strategy topk; it sets the "
+                                         r"annealing of infobatch, early_prune, early_random"):
+        make(sb_strategy="topk", sb_anneal_delta=0.9)
+
+
 @pytest.mark.parametrize(
     "flag, value",
     [
@@ -43,6 +56,7 @@ def test_a_keep_fraction_without_a_strategy_names_the_default_that_ignores_it():
         ("sb_min_prob", -0.1),
         ("sb_min_prob", 1.1),
         ("sb_staleness", 0),
+        ("sb_anneal_delta", 1.5),
         ("sb_selection_batch_size", 0),
         ("sb_selection_mode", "test"),
         ("sb_warmup_epochs", -1),

@@ -42,6 +42,21 @@ def test_state_holds_the_subset_and_the_schedule_counts_the_full_epochs():
         EarlyPruneSelector(0.5, "confidence", 6)
 
 
+def test_annealing_trains_everything_from_its_share_of_the_epochs_and_sizes_the_schedule():
+    selector = EarlyPruneSelector(keep=0.5, by="loss", num_epochs=4, anneal_delta=0.75)
+    generator = torch.Generator()
+    assert selector.plan_epoch(torch.arange(8.0), generator, 1).indices.tolist() == [4, 5, 6, 7]
+    assert selector.plan_epoch(torch.zeros(8), generator, 2).indices.tolist() == [4, 5, 6, 7]
+    assert selector.plan_epoch(torch.zeros(8), generator, 3) is None  # epoch 3 >= 0.75 x 4: everything
+    assert selector.state_dict()["kept"].tolist() == [4, 5, 6, 7]  # the subset survives the annealing
+    assert selector.expected_keep_fraction() == pytest.approx((1 + 2 * 0.5 + 1) / 4)
+    # An annealing point inside an epoch anneals from the next whole epoch: 0.9 x 12 = 10.8, so epoch 11 alone.
+    assert EarlyPruneSelector(0.6, "loss", 12, anneal_delta=0.9).expected_keep_fraction() == pytest.approx(8 / 12)
+    assert EarlyPruneSelector(0.6, "loss", 12).expected_keep_fraction() == pytest.approx((1 + 11 * 0.6) / 12)
+    with pytest.raises(ValueError, match=r"anneal_delta must be in \[0, 1\], got 1.5"):
+        EarlyPruneSelector(0.5, "loss", 4, anneal_delta=1.5)
+
+
 class StoreAtEpochStart(TrainerCallback):
     """The loss store as each epoch starts: before epoch 1, every example's first-epoch loss."""
 
@@ -74,6 +89,17 @@ def test_later_epochs_load_and_train_only_the_first_epochs_hardest(output_dir, w
     assert torch.equal(torch.bincount(trained, minlength=N), rows.loads)
     stats = trainer.sb_stats
     assert stats["selection_forwards"] == 0 and stats["backwards"] == N + 2 * kept
+
+
+@pytest.mark.parametrize("strategy", ["early_prune", "early_random"])
+def test_an_annealed_run_trains_the_subset_then_everything_in_its_last_epoch(output_dir, strategy):
+    rows = CountingRows()
+    trainer = train(output_dir, rows, sb_strategy=strategy, sb_keep=0.25, sb_anneal_delta=0.6, num_train_epochs=3)
+    kept = keep_count(0.25, N)
+    # Epoch 0 trains everything, epoch 1 the subset, epoch 2 (>= 0.6 x 3) everything again.
+    assert int((rows.loads == 3).sum()) == kept and int((rows.loads == 2).sum()) == N - kept
+    stats = trainer.sb_stats
+    assert stats["selection_forwards"] == 0 and stats["backwards"] == 2 * N + kept
 
 
 def test_the_random_control_trains_a_random_subset_of_the_same_size(output_dir):

@@ -48,7 +48,8 @@ KNOBS = {
     "n": Knob("sb_staleness", "n", "staleness", lambda overrides: "sb_staleness" in overrides),
     "r": Knob("sb_prune_ratio", "r", "prune ratio", lambda overrides: overrides.get("sb_strategy") == "infobatch"),
     "delta": Knob(
-        "sb_anneal_delta", "delta", "annealing delta", lambda overrides: overrides.get("sb_strategy") == "infobatch"
+        "sb_anneal_delta", "delta", "annealing delta",
+        lambda overrides: overrides.get("sb_strategy") in ("infobatch", "early_prune", "early_random"),
     ),
     "end": Knob("sb_end", "end", "end of selection", lambda overrides: "sb_end" in overrides),
 }

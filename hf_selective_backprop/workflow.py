@@ -25,7 +25,7 @@ from .engine.checkpoints import (
     require_resumable,
 )
 from .metrics import compute_metrics
-from .models import ModelArguments, build_model, model_flags
+from .models import ModelArguments, build_model, model_flags, pretrained_statistics
 from .output_lock import LOCK_FILE, claimed
 from .trainer import SelectiveBackpropTrainer
 
@@ -267,7 +267,8 @@ def train_image_classifier(
 def _train(config: SelectiveBackpropConfig, data_args: DataArguments, model_args: ModelArguments,
            checkpoint: str | None) -> RunResult:
     set_seed(config.seed)
-    data = load_image_data(data_args, seed=config.seed, index_column=config.sb_index_column)
+    data = load_image_data(data_args, seed=config.seed, index_column=config.sb_index_column,
+                           statistics=pretrained_statistics(model_args))
     model = build_model(
         model_args, data.num_labels, data.image_size, data.mean, data.std, data.num_channels, data.label_names
     )

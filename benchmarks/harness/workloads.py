@@ -24,9 +24,9 @@ class Workload:
 def image_workload(data_args, model_args, seed: int) -> Workload:
     """Images decoded once and augmented per batch (``seed`` seeds the augmentation); a timm model."""
     from hf_selective_backprop.data import load_image_data
-    from hf_selective_backprop.models import build_model
+    from hf_selective_backprop.models import build_model, pretrained_statistics
 
-    data = load_image_data(data_args, seed=seed)
+    data = load_image_data(data_args, seed=seed, statistics=pretrained_statistics(model_args))
     return Workload(
         train=data.train,
         eval=data.eval,

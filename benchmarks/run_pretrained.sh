@@ -15,9 +15,11 @@
 #                 (LR=auto), chosen before any strategy runs
 #   images        seeds $SEEDS: Traditional, then for each of $IMAGE_KEEPS early_prune (the first epoch on
 #                 everything, then the share with the highest first-epoch loss), its uniform control and
-#                 early-random; then the report ($R/images/report.md)
+#                 early-random, and early-coverage (the same share chosen by coverage, after CCS) where
+#                 COVERAGE=yes; then $IMAGE_MORE (e.g. "infobatch uniform-for-infobatch", the default and its
+#                 control); then the report ($R/images/report.md)
 #   text-lr       the same choice on the text workload, at each of $TEXT_LRS
-#   text          the images part's runs on the text workload, at $TEXT_KEEPS
+#   text          the images part's runs on the text workload, at $TEXT_KEEPS, then $TEXT_MORE
 # Every run is a process of its own, skipped when its <strategy>.json exists: stopping this and starting it again
 # goes on where it stopped. Timing is the point: run it on an otherwise idle machine.
 set -euo pipefail
@@ -37,6 +39,9 @@ TEXT_TRAIN=${TEXT_TRAIN:-6000}
 TEXT_EPOCHS=${TEXT_EPOCHS:-3}
 TEXT_LRS=${TEXT_LRS:-0.00003 0.0001}
 TEXT_KEEPS=${TEXT_KEEPS:-0.5}
+COVERAGE=${COVERAGE:-no}
+IMAGE_MORE=${IMAGE_MORE:-}
+TEXT_MORE=${TEXT_MORE:-}
 read -r -a EXTRA <<<"${EXTRA:-}"
 # Pretrained weights have no use for the CIFAR recipe's cutout; random crops and flips stay.
 IMAGE=(benchmarks/benchmark.py --dataset "$DATA/cifar10" --model_name_or_path timm/tf_efficientnet_lite0.in1k
@@ -58,10 +63,12 @@ runs() {  # FOLDER SEED LR NAME... after --: the workload's command; each NAME w
     done
 }
 
-early_names() {  # KEEP...: for each, early_prune at that keep, its uniform control and early-random
-    for KEEP in "$@"; do
+early_names() {  # KEEP...: for each, early_prune at that keep, its uniform control, early-random and (COVERAGE=yes)
+    for KEEP in "$@"; do  # early-coverage
         echo "early-prune-keep$KEEP uniform-for-early-prune-keep$KEEP early-random-keep$KEEP"
+        [[ $COVERAGE == yes ]] && echo "early-coverage-keep$KEEP"
     done
+    return 0
 }
 
 for PART in ${PARTS:-lr images text-lr text}; do
@@ -74,7 +81,7 @@ for PART in ${PARTS:-lr images text-lr text}; do
         for SEED in $SEEDS; do
             mkdir -p "$R/images/seed$SEED"
             [[ $SEED == 0 ]] && cp -n "$R/images/lr/lr$RATE/traditional.json" "$R/images/seed0/"
-            runs "$R/images/seed$SEED" "$SEED" "$RATE" traditional $(early_names $IMAGE_KEEPS) -- "${IMAGE[@]}"
+            runs "$R/images/seed$SEED" "$SEED" "$RATE" traditional $(early_names $IMAGE_KEEPS) $IMAGE_MORE -- "${IMAGE[@]}"
         done
         $PY benchmarks/frontier_report.py --root "$R/images" --target 2 \
             --title "EfficientNet-Lite0 (ImageNet-1k) fine-tuned on CIFAR-10, $IMAGE_TRAIN images at $IMAGE_SIZE px, $IMAGE_EPOCHS epochs"
@@ -87,7 +94,7 @@ for PART in ${PARTS:-lr images text-lr text}; do
         for SEED in $SEEDS; do
             mkdir -p "$R/text/seed$SEED"
             [[ $SEED == 0 ]] && cp -n "$R/text/lr/lr$RATE/traditional.json" "$R/text/seed0/"
-            runs "$R/text/seed$SEED" "$SEED" "$RATE" traditional $(early_names $TEXT_KEEPS) -- "${TEXT[@]}"
+            runs "$R/text/seed$SEED" "$SEED" "$RATE" traditional $(early_names $TEXT_KEEPS) $TEXT_MORE -- "${TEXT[@]}"
         done
         $PY benchmarks/frontier_report.py --root "$R/text" --target 1.5 \
             --title "all-MiniLM-L6-v2 fine-tuned on SST-2, $TEXT_TRAIN sentences, $TEXT_EPOCHS epochs"

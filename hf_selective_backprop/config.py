@@ -23,7 +23,7 @@ SELECTION_MODES = ("eval", "train")
 RHO_RULES = ("topk", "cdf")
 SELECTION_PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 HISTORY_SCOPES = ("global", "local")
-ANNEALING_STRATEGIES = ("infobatch", "early_prune", "early_random")
+ANNEALING_STRATEGIES = ("infobatch", "early_prune", "early_coverage", "early_random")
 #: Built-in strategies that never read --sb_anneal_delta (a registered one may).
 NON_ANNEALING_STRATEGIES = ("none", "sb", "topk", "composer", "kath18", "uniform", "rholoss")
 DEFAULT_KEEP = 1.0 / 3.0
@@ -54,8 +54,10 @@ class SelectiveBackpropArguments:
             "(Mindermann et al. 2022: select by reducible loss = loss minus a reference model's loss, which "
             "skips mislabeled examples; needs --sb_reference_model or --sb_reference_column), 'early_prune' "
             "(pruning by early loss, after Data Diet, in one run: the first epoch on everything, then the "
-            "sb_keep share with the highest first-epoch loss for every later epoch), 'early_random' (the same "
-            "with a random subset of that size: its control), or the name "
+            "sb_keep share with the highest first-epoch loss for every later epoch), 'early_coverage' (the same "
+            "with a coverage-centric choice over the first-epoch losses, after CCS: the hardest tenth dropped, "
+            "every level of difficulty kept), 'early_random' (the same with a random subset of that size: their "
+            "control), or the name "
             "of a strategy registered with hf_selective_backprop.selectors.register_strategy. Default: "
             "'infobatch', the one strategy that collapsed no workload measured: 0.4-0.5 points below Traditional "
             "fine-tuning images (1.2-1.5x less time), level fine-tuning a text classifier (+0.2, 1.07x), 0.008 "
@@ -211,10 +213,10 @@ class SelectiveBackpropArguments:
     sb_anneal_delta: float | None = field(
         default=None,
         metadata={
-            "help": "'infobatch', 'early_prune' and 'early_random': the share of the epochs, in [0, 1], before "
+            "help": "'infobatch' and the early strategies: the share of the epochs, in [0, 1], before "
             "annealing; the epochs from delta x num_train_epochs on train on all data, unweighted (InfoBatch's "
             "annealing). On a stream (step-based, --max_steps) the steps from delta x max_steps on. Default: "
-            "0.875 for 'infobatch' (the paper's), 1 (no annealing) for 'early_prune' and 'early_random'."
+            "0.875 for 'infobatch' (the paper's), 1 (no annealing) for the early strategies."
         },
     )
 

@@ -33,6 +33,7 @@ from .engine.scoring import SelectionScorer, selection_model
 from .engine.stall_guard import StallGuard
 from .losses import example_margins, labels_already_read, model_task, per_example_loss_for, weighted_loss
 from .lr_schedule import schedule_for
+from .record import files as record_files
 from .record import keeper as record_keeping
 from .record import setup as record_setup
 from .selectors import build_selector
@@ -388,8 +389,11 @@ class SelectiveBackpropMixin:
             self.sb_stats = finish_run(self, output.metrics, self._expected_steps)
         else:
             self.sb_stats = finish_plain_run(self, output.metrics)
+        written = None
         if self.record_keeper is not None:
-            self.record_keeper.write(self.args.output_dir, self.args.should_save)
+            written = self.record_keeper.write(self.args.output_dir, self.args.should_save)
+        if written is None and self.args.should_save:
+            record_files.set_aside_previous(self.args.output_dir)
         return output
 
     def create_model_card(self, *args, **kwargs):

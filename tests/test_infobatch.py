@@ -60,10 +60,18 @@ def test_infobatch_resumes_inside_a_pruned_epoch_to_the_same_weights(output_dir,
     assert resumed.sb_stats["kept"] == full.sb_stats["kept"]
 
 
-def test_infobatch_needs_an_epoch_based_run(output_dir):
-    # On map-style data, at construction; a stream (tests/test_streams.py) has no length and anneals by steps.
-    args = make_config(output_dir, sb_strategy="infobatch", max_steps=5)
-    with pytest.raises(ValueError, match=r"--sb_strategy infobatch .* --num_train_epochs instead of --max_steps 5"):
-        SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(32), args=args)
+def test_the_default_trains_max_steps_on_map_style_data_and_anneals_in_the_epochs_the_trainer_derives(output_dir):
+    # 32 rows in steps of 4: 8 steps an epoch, so max_steps=20 covers 3 epochs as the Trainer counts them; annealed
+    # from 2/3 of them, the third epoch (and any after it) trains everything.
+    args = make_config(output_dir, sb_strategy="infobatch", max_steps=20, per_device_train_batch_size=4,
+                       sb_anneal_delta=2 / 3)
+    trainer = SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=make_dataset(32), args=args)
+    trainer.train()
+    assert trainer.state.global_step == 20
+    assert trainer.selector.num_epochs == 3
+    assert trainer.sb_stats["backwards"] == 20 * 4  # every step a full batch
+
+
+def test_infobatch_refuses_a_prune_ratio_of_one(output_dir):
     with pytest.raises(ValueError, match=r"--sb_prune_ratio must be in \[0, 1\), got 1.0"):
         SelectiveBackpropConfig(output_dir=output_dir, sb_strategy="infobatch", sb_prune_ratio=1.0)

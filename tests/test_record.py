@@ -22,7 +22,8 @@ from hf_selective_backprop.record.table import SCORED, TRAINED, ExampleRecord
 
 STRATEGIES = dict(
     none={}, sb={}, stale_sb=dict(sb_strategy="sb", sb_staleness=2), topk={}, composer=dict(sb_keep=0.5),
-    kath18={}, uniform={}, infobatch={}, early_prune=dict(sb_keep=0.5), early_random=dict(sb_keep=0.5),
+    kath18={}, uniform={}, infobatch={}, early_prune=dict(sb_keep=0.5), early_coverage=dict(sb_keep=0.5),
+    early_random=dict(sb_keep=0.5),
 )
 
 

@@ -170,9 +170,9 @@ def test_strategies_without_stored_losses_need_no_ids_on_a_stream(strategy, tmp_
     assert trainer.state.global_step == 4
 
 
-def test_map_style_infobatch_still_needs_an_epoch_based_run(tmp_path):
-    with pytest.raises(ValueError, match=r"--sb_strategy infobatch .* --num_train_epochs instead of --max_steps 5"):
-        train(str(tmp_path / "out"), make_dataset(ROWS), sb_strategy="infobatch", max_steps=5)
+def test_map_style_infobatch_trains_max_steps_as_the_trainer_does(tmp_path):
+    trainer = train(str(tmp_path / "out"), make_dataset(ROWS), sb_strategy="infobatch", max_steps=5)
+    assert trainer.state.global_step == 5
 
 
 def _launch_stream_worker(tmp_path: Path, path: str, mode: str) -> list[dict]:

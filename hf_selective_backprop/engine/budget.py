@@ -139,9 +139,20 @@ def loop_values(engine, args, run_length: RunLength, values, dataloader, checkpo
     made, replan = run_plan(args, run_length, engine.selector, engine.accelerator, epoch_based, checkpoint,
                             engine.stats.reference_forwards)
     engine.set_run_length(epoch_based, made, replan)
+    if has_length(dataloader) and not epoch_based and made is None:
+        engine.selector.fit_run(step_based_epochs(args, run_length))
     if has_length(dataloader):  # a stream keeps the Trainer's values: it is step-based
         values = run_length.loop_values(values, args, engine.epoch_based)
     return values if made is None else made.loop_values(values)
+
+
+def step_based_epochs(args, run_length: RunLength) -> int:
+    """The epochs a --max_steps run on a map-style dataset counts, as the Trainer derives them: max_steps over the
+    full data's optimizer steps per epoch, rounded up. Strategies that decide by epochs (InfoBatch's annealing, early
+    pruning) count in these; pruned epochs are shorter, so the run reads more epochs than that before max_steps, and
+    annealing starts a little before anneal_delta x max_steps."""
+    steps_per_epoch = max(1, math.ceil(run_length.rows_per_epoch / run_length.rows_per_step))
+    return math.ceil(args.max_steps / steps_per_epoch)
 
 
 def run_plan(args, run_length: RunLength, selector, accelerator, epoch_based: bool, checkpoint: str | None,

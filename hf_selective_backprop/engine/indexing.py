@@ -130,6 +130,14 @@ def check_id_values(ids: numpy.ndarray, column: str) -> None:
         )
 
 
+def check_ids_where_cheap(dataset, column: str) -> None:
+    """`ids_by_position`'s checks (duplicates, negatives, non-integers, ids far past the dataset's size), by row,
+    where the ids can be read without loading rows: a `datasets.Dataset`'s column, a dataset's ``example_ids()``.
+    What keys a record by id checks so before the first step, as selection does."""
+    if isinstance(dataset, HFDataset | IndexedDataset) or _own_ids(dataset) is not None:
+        ids_by_position(dataset, column)
+
+
 def check_column_ids(dataset, column: str) -> None:
     """`check_id_values` on a `datasets.Dataset`'s id column (read from Arrow: fast); other datasets are
     checked where their ids are read."""

@@ -53,12 +53,6 @@ def missing_ids_message(column: str, columns, needs: str, where: str = "the trai
 
 def check_training_data(args, selector: Selector, dataset) -> None:
     """What a run can check of its training data at construction, before any time is spent."""
-    if args.sb_strategy == "infobatch" and args.max_steps > 0 and not is_stream(dataset):
-        raise ValueError(
-            f"--sb_strategy infobatch prunes and anneals by epochs, so it needs an epoch-based run: use "
-            f"--num_train_epochs instead of --max_steps {args.max_steps} (a stream, which has no length, "
-            "anneals by steps instead), or another --sb_strategy (infobatch is the default)"
-        )
     if not is_stream(dataset):
         return
     if isinstance(selector, EarlyPruneSelector):

@@ -4,6 +4,7 @@ correctness, with the regions named. Needs matplotlib (the ``benchmarks`` extra,
 from __future__ import annotations
 
 import io
+import os
 
 import matplotlib
 
@@ -13,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy  # noqa: E402
 from PIL import Image  # noqa: E402  (a dependency of matplotlib)
 
+from .files import written_in_place_of  # noqa: E402
 from .scores import AMBIGUOUS, EASY, HARD  # noqa: E402
 
 #: Points drawn at most: beyond it a random sample (seeded) shows the same picture, faster and lighter.
@@ -47,10 +49,12 @@ def draw_data_map(table, path: str, title: str | None = None) -> dict[str, int]:
     axes.set_ylim(-0.02, 1.02)
     axes.set_title(title or f"Data map of {total:,} training examples")
     figure.tight_layout()
-    if path.lower().endswith(".png"):
-        _save_palette_png(figure, path)
-    else:  # another format matplotlib writes, by the path's extension
-        figure.savefig(path, dpi=110)
+    extension = os.path.splitext(path)[1].lstrip(".").lower() or "png"
+    with written_in_place_of(path) as partial_path:
+        if extension == "png":
+            _save_palette_png(figure, partial_path)
+        else:  # another format matplotlib writes, by the path's extension
+            figure.savefig(partial_path, dpi=110, format=extension)
     plt.close(figure)
     return counts
 

@@ -8,6 +8,7 @@ import numpy
 import torch
 
 from ..data.noise import stream_generator
+from ..selectors.coverage import coverage_choice
 from .scores import PRUNE_SCORES, keep_order, prune_column
 
 logger = logging.getLogger(__name__)
@@ -24,7 +25,8 @@ def check_prune_settings(keep: float, by: str) -> None:
 
 def kept_ids(record, dataset_ids: numpy.ndarray, keep: float, by: str, seed: int, id_column: str) -> numpy.ndarray:
     """The ids of ``dataset_ids`` to train on: ``round(keep * len)`` of them, those with the highest ``by`` in
-    ``record`` (a `datasets.Dataset` keyed by ``id_column``); ids the record never saw rank last."""
+    ``record`` (a `datasets.Dataset` keyed by ``id_column``); ids the record never saw rank last (``by="coverage"``
+    keeps them first, as it keeps examples the first epoch did not score)."""
     check_prune_settings(keep, by)
     if id_column not in record.column_names:
         raise ValueError(
@@ -53,5 +55,7 @@ def kept_ids(record, dataset_ids: numpy.ndarray, keep: float, by: str, seed: int
         )
     if unseen:
         logger.warning(f"{unseen} of {len(dataset_ids)} training examples are not in the record: they rank last")
+    if by == "coverage":
+        return numpy.sort(dataset_ids[coverage_choice(torch.from_numpy(scores), count, generator).numpy()])
     order = keep_order(torch.from_numpy(scores), generator).numpy()
     return numpy.sort(dataset_ids[order[:count]])

@@ -28,10 +28,12 @@ PRUNE_SCORES = {
     "forgetting_events": "the most forgotten (forgetting events, Toneva et al.)",
     "label_issues": "all but the likeliest label issues (the lowest loss at the last scoring, so the examples "
                     "record.label_issues ranks first are dropped first)",
+    "coverage": "every level of difficulty (mean loss), after CCS (Zheng et al., ICLR 2023): the hardest tenth "
+                "dropped as likely label issues, the rest split into strata of equal width, each filled evenly",
     "random": "a uniform-random subset of the same size: the control every score must beat",
 }
 #: Scores read from another column of the record, and the sign that makes the kept examples the highest.
-_PRUNE_COLUMNS = {"label_issues": ("last_loss", -1.0)}
+_PRUNE_COLUMNS = {"label_issues": ("last_loss", -1.0), "coverage": ("mean_loss", 1.0)}
 
 
 def prune_column(by: str) -> tuple[str, float]:

@@ -11,7 +11,13 @@ import torch
 from datasets import Dataset as HFDataset
 from torch.utils.data import IterableDataset, Subset
 
-from ..engine.indexing import ids_by_position, keeping_ids, refuse_index_column_the_model_reads, with_index_column
+from ..engine.indexing import (
+    check_ids_where_cheap,
+    ids_by_position,
+    keeping_ids,
+    refuse_index_column_the_model_reads,
+    with_index_column,
+)
 from ..engine.packing import swapped
 from .files import load_record
 from .keeper import RecordCallback
@@ -50,6 +56,8 @@ def prepare(trainer, record) -> bool:
     dataset = trainer.train_dataset
     if dataset is not None and (keeps or record is not None):
         dataset = with_index_column(dataset, column)
+        if keeps:  # the record keys its rows by these ids: two examples under one id would merge into one row
+            check_ids_where_cheap(dataset, column)
         if record is not None:
             dataset = _subset(dataset, record, args)
         trainer.train_dataset = dataset

@@ -3,27 +3,34 @@ examples once and train the remaining epochs on a fixed share of them.
 
 This prunes as Data Diet does (Paul et al., NeurIPS 2021: examples ranked by their difficulty early in training, by
 the error's norm there and by the loss here, the hardest kept) without the second run: the first epoch is both the
-scoring and the start of training, so the scoring costs nothing extra. ``by="random"`` keeps a random subset of the
-same size, chosen at the same point: the control the ranking has to beat. With ``anneal_delta`` below 1 the epochs
+scoring and the start of training, so the scoring costs nothing extra. ``by="coverage"`` chooses the share by
+coverage instead of hardness (CCS, Zheng et al., ICLR 2023; coverage.py): hard-only subsets collapse at high
+pruning rates. ``by="random"`` keeps a random subset of the same size, chosen at the same point: the control the
+rankings have to beat. With ``anneal_delta`` below 1 the epochs
 from that share of the run on train everything again, as InfoBatch anneals (Qin et al., ICLR 2024): the last epochs
 see the examples the subset leaves out.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 
 from .base import Selection, Selector
+from .coverage import coverage_choice
 from .topk import check_keep, keep_count
 
-EARLY_PRUNE_RANKINGS = ("loss", "random")
+EARLY_PRUNE_RANKINGS = ("loss", "coverage", "random")
+
+logger = logging.getLogger(__name__)
 
 
 class EarlyPruneSelector(Selector):
     """Keeps every example until a plan sees stored losses; then, once, the ``keep`` share with the highest latest
-    training-forward loss (``by="loss"``) or a random share of that size (``by="random"``), for every later epoch.
+    training-forward loss (``by="loss"``), a coverage-centric share over those losses (``by="coverage"``) or a
+    random share of that size (``by="random"``), for every later epoch.
 
     The scores are the losses the trainer stores for every trained example (``uses_stored_losses``), so there is no
     selection forward. Examples the first epoch did not train (no stored loss) rank first: nothing says they are
@@ -49,9 +56,19 @@ class EarlyPruneSelector(Selector):
         self.full_epochs = full_epochs
         #: Positions trained in every epoch after the choice; None until stored losses are seen.
         self.kept: torch.Tensor | None = None
+        self._warn_if_nothing_is_pruned()
 
     def fit_run(self, num_epochs: float) -> None:
         self.num_epochs = num_epochs
+        self._warn_if_nothing_is_pruned()
+
+    def _warn_if_nothing_is_pruned(self) -> None:
+        if self.full_epochs and self.num_epochs <= self.full_epochs:
+            logger.warning(
+                "early pruning ranks the examples after the first epoch and prunes from the second on: a run of "
+                "%g epoch(s) (--num_train_epochs, or what --max_steps covers) trains every example and saves nothing",
+                self.num_epochs,
+            )
 
     def plan_epoch(self, stored_losses: torch.Tensor, generator: torch.Generator, epoch: int) -> Selection | None:
         if self.kept is None:
@@ -66,6 +83,8 @@ class EarlyPruneSelector(Selector):
         count = keep_count(self.keep, stored_losses.numel())
         if self.by == "random":
             order = torch.randperm(stored_losses.numel(), generator=generator)
+        elif self.by == "coverage":
+            return coverage_choice(stored_losses, count, generator)
         else:
             ranked = torch.nan_to_num(stored_losses.float(), nan=float("inf"))
             order = torch.argsort(ranked, descending=True, stable=True)

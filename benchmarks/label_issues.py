@@ -32,7 +32,7 @@ from harness.provenance import provenance
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer, record
 from hf_selective_backprop.data import DataArguments, ImageTensorDataset, load_image_data
 from hf_selective_backprop.data.text import TextDataArguments, load_text_data, tokenize
-from hf_selective_backprop.models import ModelArguments, build_model
+from hf_selective_backprop.models import ModelArguments, build_model, pretrained_statistics
 from hf_selective_backprop.text_models import TextModelArguments, build_text_model, fitted_max_length, model_positions
 from hf_selective_backprop.workflow import IMAGE_TRAINING_DEFAULTS, TEXT_TRAINING_DEFAULTS
 
@@ -52,7 +52,8 @@ class TrainingRows:
 
 
 def image_rows(config, data_args: DataArguments, model_args: ModelArguments, record_folder: str) -> TrainingRows:
-    data = load_image_data(data_args, seed=config.seed, index_column=config.sb_index_column)
+    data = load_image_data(data_args, seed=config.seed, index_column=config.sb_index_column,
+                           statistics=pretrained_statistics(model_args))
     train = data.train
 
     def rows(positions, to_predict):

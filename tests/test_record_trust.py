@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-from datasets import Dataset
 from tiny import TinyClassifier, make_config, make_dataset
 
 from hf_selective_backprop import SelectiveBackpropTrainer, record
@@ -28,7 +27,7 @@ def test_a_link_in_the_records_place_is_replaced_and_its_target_left_unchanged(t
     users_file = tmp_path / "users_file.txt"
     users_file.write_text("mine")
     (output_dir / name).symlink_to(users_file)
-    _train(str(output_dir), overwrite_output_dir=True)
+    _train(str(output_dir))
     assert users_file.read_text() == "mine"
     assert not (output_dir / name).is_symlink() and (output_dir / name).stat().st_size > 0
     assert not [entry for entry in os.listdir(output_dir) if entry.endswith(".partial")]
@@ -71,7 +70,7 @@ def test_a_record_left_by_an_earlier_run_is_neither_on_the_card_nor_uploaded(tmp
     _train(output_dir)  # writes its record
     earlier = Path(output_dir, record.RECORD_FILE).read_bytes()
     uploads = _uploads(monkeypatch)
-    trainer = _train(output_dir, overwrite_output_dir=True, sb_record=False, hub_model_id="you/tiny")
+    trainer = _train(output_dir, sb_record=False, hub_model_id="you/tiny")
     trainer.push_to_hub()
     (files,) = uploads
     assert record.RECORD_FILE not in files and record.DATA_MAP_FILE not in files
@@ -81,9 +80,7 @@ def test_a_record_left_by_an_earlier_run_is_neither_on_the_card_nor_uploaded(tmp
 
 
 def _with_ids(ids):
-    data = make_dataset(len(ids))
-    return Dataset.from_dict({"pixel_values": data["pixel_values"].tolist(), "labels": data["labels"].tolist(),
-                              "index": ids}).with_format("torch")
+    return make_dataset(len(ids)).add_column("index", ids)
 
 
 @pytest.mark.parametrize("strategy", ["none", "sb"])

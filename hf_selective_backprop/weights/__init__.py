@@ -8,11 +8,13 @@ installed, are left to ``from_pretrained`` and the Hub as usual.
 
 from .copies import COPIES, InstalledCopy, WeightsMismatchError, installed_path, resolve
 from .efficientnet_pytorch import load_efficientnet_pytorch_weights, timm_state_dict
+from .gguf import as_float_model
 
 __all__ = [
     "COPIES",
     "InstalledCopy",
     "WeightsMismatchError",
+    "as_float_model",
     "installed_path",
     "load_efficientnet_pytorch_weights",
     "resolve",

@@ -40,7 +40,7 @@ def test_the_annealing_delta_defaults_per_strategy_and_warns_where_it_does_not_a
         ["--output_dir", "o", "--sb_strategy", "early_prune", "--sb_anneal_delta", "0.9"])
     assert parsed.sb_anneal_delta == 0.9
     with pytest.warns(UserWarning, match=r"--sb_anneal_delta 0.9 does not apply to --sb_strategy topk; it sets the "
-                                         r"annealing of infobatch, early_prune, early_random"):
+                                         r"annealing of infobatch, early_prune, early_coverage, early_random"):
         make(sb_strategy="topk", sb_anneal_delta=0.9)
 
 

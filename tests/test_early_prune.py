@@ -38,7 +38,7 @@ def test_state_holds_the_subset_and_the_schedule_counts_the_full_epochs():
     assert restored.plan_epoch(torch.zeros(8), torch.Generator(), 2).indices.tolist() == [4, 5, 6, 7]
     assert selector.expected_keep_fraction() == pytest.approx((1 + 5 * 0.5) / 6)
     assert EarlyPruneSelector(0.5, "loss", 6, full_epochs=0).expected_keep_fraction() == pytest.approx(0.5)
-    with pytest.raises(ValueError, match="by must be one of loss, random"):
+    with pytest.raises(ValueError, match="by must be one of loss, coverage, random"):
         EarlyPruneSelector(0.5, "confidence", 6)
 
 

@@ -258,16 +258,21 @@ def test_bad_index_column_fails_fast_under_stale_sb(ids, match, output_dir):
 
 def test_rows_repeated_by_select_are_duplicates_too(output_dir):
     data = make_dataset(64, with_index=True).shuffle(seed=1).select(list(range(64)) + [5])
+    # The example record keys by the ids: refused when the trainer is built (without it, when Stale-SB's store is).
+    with pytest.raises(ValueError, match="holds 1 duplicate ids"):
+        RecordingTrainer(model=TinyClassifier(), train_dataset=data,
+                         args=make_config(output_dir, sb_strategy="sb", sb_staleness=2))
     trainer = RecordingTrainer(model=TinyClassifier(), train_dataset=data,
-                               args=make_config(output_dir, sb_strategy="sb", sb_staleness=2))
+                               args=make_config(output_dir, sb_strategy="sb", sb_staleness=2, sb_record=False))
     with pytest.raises(ValueError, match="holds 1 duplicate ids"):
         trainer.train()
 
 
 def test_duplicate_ids_are_harmless_without_stale_sb(output_dir):
     x, y = tensors(64)
+    # Without the example record, which keys by them (tests/test_record_trust.py refuses them with it).
     trainer = RecordingTrainer(model=TinyClassifier(), train_dataset=dataset(x, y, index=[0, 1] * 32),
-                               args=make_config(output_dir, sb_strategy="sb"))
+                               args=make_config(output_dir, sb_strategy="sb", sb_record=False))
     trainer.get_train_dataloader()  # no id check: plain SB never looks ids up
 
 

@@ -57,6 +57,8 @@ def prepare(trainer, record) -> bool:
     if dataset is not None and (keeps or record is not None):
         dataset = with_index_column(dataset, column)
         if keeps:  # the record keys its rows by these ids: two examples under one id would merge into one row
+            if trainer.selector is not None:  # a column the model reads is refused first, by what it is
+                refuse_index_column_the_model_reads(trainer.model, column, trainer.label_names)
             check_ids_where_cheap(dataset, column)
         if record is not None:
             dataset = _subset(dataset, record, args)

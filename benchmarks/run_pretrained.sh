@@ -71,33 +71,34 @@ early_names() {  # KEEP...: for each, early_prune at that keep, its uniform cont
     return 0
 }
 
+seeded() {  # ROOT RATE TARGET TITLE NAME... -- COMMAND...: every seed's runs (seed 0's Traditional is the lr part's
+    local ROOT=$1 RATE=$2 TARGET=$3 TITLE=$4  # at RATE), then the report
+    shift 4
+    for SEED in $SEEDS; do
+        mkdir -p "$ROOT/seed$SEED"
+        [[ $SEED == 0 ]] && cp -n "$ROOT/lr/lr$RATE/traditional.json" "$ROOT/seed0/"
+        runs "$ROOT/seed$SEED" "$SEED" "$RATE" traditional "$@"
+    done
+    $PY benchmarks/frontier_report.py --root "$ROOT" --target "$TARGET" --title "$TITLE"
+}
+
 for PART in ${PARTS:-lr images text-lr text}; do
     case $PART in
     lr)
         for RATE in $IMAGE_LRS; do runs "$R/images/lr/lr$RATE" 0 "$RATE" traditional -- "${IMAGE[@]}"; done
         ;;
     images)
-        RATE=${LR:-$(best_lr "$R/images/lr")}
-        for SEED in $SEEDS; do
-            mkdir -p "$R/images/seed$SEED"
-            [[ $SEED == 0 ]] && cp -n "$R/images/lr/lr$RATE/traditional.json" "$R/images/seed0/"
-            runs "$R/images/seed$SEED" "$SEED" "$RATE" traditional $(early_names $IMAGE_KEEPS) $IMAGE_MORE -- "${IMAGE[@]}"
-        done
-        $PY benchmarks/frontier_report.py --root "$R/images" --target 2 \
-            --title "EfficientNet-Lite0 (ImageNet-1k) fine-tuned on CIFAR-10, $IMAGE_TRAIN images at $IMAGE_SIZE px, $IMAGE_EPOCHS epochs"
+        seeded "$R/images" "${LR:-$(best_lr "$R/images/lr")}" 2 \
+            "EfficientNet-Lite0 (ImageNet-1k) fine-tuned on CIFAR-10, $IMAGE_TRAIN images at $IMAGE_SIZE px, $IMAGE_EPOCHS epochs" \
+            $(early_names $IMAGE_KEEPS) $IMAGE_MORE -- "${IMAGE[@]}"
         ;;
     text-lr)
         for RATE in $TEXT_LRS; do runs "$R/text/lr/lr$RATE" 0 "$RATE" traditional -- "${TEXT[@]}"; done
         ;;
     text)
-        RATE=${TEXT_LR:-$(best_lr "$R/text/lr")}
-        for SEED in $SEEDS; do
-            mkdir -p "$R/text/seed$SEED"
-            [[ $SEED == 0 ]] && cp -n "$R/text/lr/lr$RATE/traditional.json" "$R/text/seed0/"
-            runs "$R/text/seed$SEED" "$SEED" "$RATE" traditional $(early_names $TEXT_KEEPS) $TEXT_MORE -- "${TEXT[@]}"
-        done
-        $PY benchmarks/frontier_report.py --root "$R/text" --target 1.5 \
-            --title "all-MiniLM-L6-v2 fine-tuned on SST-2, $TEXT_TRAIN sentences, $TEXT_EPOCHS epochs"
+        seeded "$R/text" "${TEXT_LR:-$(best_lr "$R/text/lr")}" 1.5 \
+            "all-MiniLM-L6-v2 fine-tuned on SST-2, $TEXT_TRAIN sentences, $TEXT_EPOCHS epochs" \
+            $(early_names $TEXT_KEEPS) $TEXT_MORE -- "${TEXT[@]}"
         ;;
     *)
         echo "unknown part $PART: lr, images, text-lr or text" >&2

@@ -78,9 +78,9 @@ def report(root: str) -> str:
             paired = [accuracy(seeds[seed][name]) - accuracy(seeds[seed][control]) for seed in ran
                       if control in seeds[seed]]
             if paired:
+                paired_mean, paired_sd = spread(paired)
                 wins = sum(value > 0 for value in paired)
-                against.append(f"{control}: {spread(paired)[0]:+.2f} ± {spread(paired)[1]:.2f} "
-                               f"(above in {wins} of {len(paired)})")
+                against.append(f"{control}: {paired_mean:+.2f} ± {paired_sd:.2f} (above in {wins} of {len(paired)})")
         value_mean, value_sd = spread(values)
         difference_mean, difference_sd = spread(differences)
         saving_mean, saving_sd = spread(savings)

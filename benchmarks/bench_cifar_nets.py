@@ -2,7 +2,7 @@
 
     python benchmarks/bench_cifar_nets.py --threads 1 2 --output benchmarks/results/cifar10-paper-regime/model_choice.md
 
-What picked the convergence-regime benchmark's network and thread count (docs/record/benchmarks.md, "Near
+What picked the convergence-regime benchmark's network and thread count (docs/benchmarks/benchmarks.md, "Near
 convergence"): SGD steps on batches of 128 random 32x32 images, after warm-up steps, on an otherwise idle
 machine. The forward's share of a step bounds what selection can save (the cost model in the docs).
 """

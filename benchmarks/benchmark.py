@@ -9,7 +9,7 @@
 
 Writes <output_dir>/<strategy>.json (per-epoch log), report.md and PNGs; a strategy whose
 JSON exists is skipped. Text classification: benchmarks/benchmark_text.py. Every flag: --help.
-See docs/record/benchmarks.md.
+See docs/benchmarks/benchmarks.md.
 """
 
 import logging

@@ -6,7 +6,7 @@
 A WordPiece tokenizer is trained on the training split and a small BERT built from the size
 flags (as scripts/train_text.py does), or --model_name_or_path/--tokenizer_name name Hub ones.
 Writes <output_dir>/<strategy>.json, report.md and PNGs like benchmarks/benchmark.py; a strategy
-whose JSON exists is skipped. Every flag: --help. See docs/record/benchmarks.md.
+whose JSON exists is skipped. Every flag: --help. See docs/benchmarks/benchmarks.md.
 """
 
 import logging

@@ -4,7 +4,7 @@ final error against budget with its Pareto frontier.
     python benchmarks/budget_report.py --root benchmarks/results/budget-finetune-cifar10
 
 Reads <root>/budget<F>/seed*/<strategy>.json (benchmarks/run_budget.sh writes them); writes <root>/report.md and
-error_vs_budget.png. See docs/record/benchmarks.md.
+error_vs_budget.png. See docs/benchmarks/benchmarks.md.
 """
 
 from dataclasses import dataclass, field

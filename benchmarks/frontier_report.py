@@ -4,7 +4,7 @@ subset's, with the figure of accuracy against measured saving.
     python benchmarks/frontier_report.py --root benchmarks/results/frontier-cifar10-cifar_convnet_half/epochs6
 
 Reads <root>/seed*/<setting>.json (benchmarks/run_frontier.sh writes them); writes <root>/report.md and
-<root>/frontier.png. See docs/record/benchmarks.md, "Lossless frontier".
+<root>/frontier.png. See docs/benchmarks/benchmarks.md, "Lossless frontier".
 """
 
 from dataclasses import dataclass, field

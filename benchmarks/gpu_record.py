@@ -1,5 +1,5 @@
 """The example record on a GPU: pruning's wall-clock saving beside the cost model's, and the record's overhead
-per step (docs/record/benchmarks.md, "The record and pruning on one H200").
+per step (docs/benchmarks/benchmarks.md, "The record and pruning on one H200").
 
     python benchmarks/gpu_record.py --data DIR --output_dir OUT [--seeds 0 1 2] [--budget_seconds 480]
 

@@ -3,7 +3,7 @@
     python benchmarks/paper_regime_report.py --root benchmarks/results/cifar10-paper-regime
 
 Reads <root>/seed*/<strategy>.json and <root>/sweep/epochs*/<strategy>.json (benchmarks/run_paper_regime.sh
-writes them); writes <root>/report.md and its PNGs. See docs/record/benchmarks.md.
+writes them); writes <root>/report.md and its PNGs. See docs/benchmarks/benchmarks.md.
 """
 
 from dataclasses import dataclass, field

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The benchmark runs quoted in docs/record/benchmarks.md, in the order they were run (priority
+# The benchmark runs quoted in docs/benchmarks/benchmarks.md, in the order they were run (priority
 # order of issue 7). Each command is restartable: a strategy whose <name>.json exists is
 # skipped. Strategies of one command train interleaved, one epoch each in turn (--interleave true).
 # (The second group was launched separately once the first had finished.)

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The budget study of docs/record/benchmarks.md ("A compute budget"): every strategy run with --sb_budget F (a
+# The budget study of docs/benchmarks/benchmarks.md ("A compute budget"): every strategy run with --sb_budget F (a
 # share of the full plain run's cost, its learning-rate schedule decaying fully inside it) against
 # sb_strategy none (plain training shortened to the same budget) and the uniform random subset at the same budget.
 # WORKLOAD chooses the full run that F is a share of:

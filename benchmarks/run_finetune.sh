@@ -1,5 +1,5 @@
 #!/bin/bash
-# The fine-tuning benchmark of docs/record/benchmarks.md ("Fine-tuning"): where most examples are easy.
+# The fine-tuning benchmark of docs/benchmarks/benchmarks.md ("Fine-tuning"): where most examples are easy.
 #
 # A pretrained stand-in, since Hub downloads fail here: $MODEL trained on CIFAR-10's classes 0-4 (all 25,000
 # training images, validated on their 5,000 test images), cached outside git. The downstream task is classes
@@ -31,7 +31,7 @@ PRETRAINED=${PRETRAINED:-$CACHE/$MODEL-cifar10-classes0-4-$PRETRAIN_EPOCHS-epoch
 EPOCHS=${EPOCHS:-6}
 LRS=${LRS:-0.01 0.03 0.1}
 THREADS=${THREADS:-2}
-# Random crop and flip, no cutout: cutout 16 kept cifar_convnet_half from fitting CIFAR-10 (docs/record/benchmarks.md).
+# Random crop and flip, no cutout: cutout 16 kept cifar_convnet_half from fitting CIFAR-10 (docs/benchmarks/benchmarks.md).
 AUGMENT=(--cutout 0)
 # Flags added to every run, e.g. a smoke test's EXTRA="--max_train_samples 2000 --max_eval_samples 500".
 read -r -a EXTRA <<<"${EXTRA:-}"

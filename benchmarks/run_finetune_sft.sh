@@ -1,5 +1,5 @@
 #!/bin/bash
-# The SFT part of the fine-tuning benchmark (docs/record/benchmarks.md, "Fine-tuning"): the small GPT-2 of
+# The SFT part of the fine-tuning benchmark (docs/benchmarks/benchmarks.md, "Fine-tuning"): the small GPT-2 of
 # scripts/train_sft.py pretrained as a causal LM on SST-2's sentences (train, validation and test; no labels:
 # scripts/pretrain_lm.py --objective causal), cached outside git, then fine-tuned with TRL's SFTTrainer on
 # prompt-completion pairs (the sentence -> " positive" / " negative", the loss on the answer alone:

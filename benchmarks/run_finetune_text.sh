@@ -1,5 +1,5 @@
 #!/bin/bash
-# The text-classification part of the fine-tuning benchmark (docs/record/benchmarks.md, "Fine-tuning"): the
+# The text-classification part of the fine-tuning benchmark (docs/benchmarks/benchmarks.md, "Fine-tuning"): the
 # small BERT of scripts/train_text.py (2 layers, 128 wide), pretrained with masked language modelling on
 # SST-2's sentences (train, validation and test; no labels: task-adaptive pretraining, scripts/pretrain_lm.py),
 # cached outside git, then fine-tuned on SST-2 classification (AdamW, warm-up then linear decay) with every strategy

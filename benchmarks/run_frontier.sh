@@ -1,5 +1,5 @@
 #!/bin/bash
-# The lossless frontier (docs/record/benchmarks.md, "Lossless frontier"): the most each strategy saves while its
+# The lossless frontier (docs/benchmarks/benchmarks.md, "Lossless frontier"): the most each strategy saves while its
 # accuracy stays within Traditional's spread, on the image fine-tuning workload of benchmarks/run_finetune.sh
 # (CIFAR-10 classes 5-9 from $MODEL pretrained on classes 0-4: the same stand-in checkpoint, the same flags). Each
 # strategy's saving knob is swept with the benchmark's knob names (infobatch-r0.3, stale-sb-n2-keep0.5: see

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The paper's full-size CIFAR-10 setting on one CUDA GPU (docs/record/gpu.md): all 50,000 training images, the
+# The paper's full-size CIFAR-10 setting on one CUDA GPU (docs/benchmarks/gpu.md): all 50,000 training images, the
 # 10,000 test images evaluated after every epoch, timm resnet18, batch 128, 30 epochs, SGD (lr 0.1,
 # momentum 0.9, weight decay 5e-4, linear decay): Traditional, SB (keep 1/3), Stale-SB (n=3), InfoBatch,
 # and the uniform control at the fraction SB kept; seeds 0 1 2. Same logs and seed reports as
@@ -10,7 +10,7 @@
 #     SEEDS=0 STRATEGIES=traditional bash benchmarks/run_gpu_cifar10.sh
 # Each run is meant to finish within 10 minutes on one H100-class GPU (30 epochs of Traditional are
 # 1.5 million examples); that is an estimate: this script's runs have not been timed on a GPU (the label-noise
-# benchmark, run_noisy.sh, ran on an H200: docs/record/benchmarks.md). EPOCHS lowers the length.
+# benchmark, run_noisy.sh, ran on an H200: docs/benchmarks/benchmarks.md). EPOCHS lowers the length.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The runs behind docs/record/benchmarks.md's "Lossless acceleration" section, in the order they ran.
+# The runs behind docs/benchmarks/benchmarks.md's "Lossless acceleration" section, in the order they ran.
 # Restartable: a strategy whose <name>.json exists is skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."

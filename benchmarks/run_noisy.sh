@@ -22,7 +22,7 @@
 #
 # ALL_IMAGES=0 skips Traditional on all IMAGES; without sb in STRATEGIES the uniform control keeps KEEP.
 # Restartable: a reference with train_results.json, and a strategy whose <name>.json exists, are skipped.
-# Run with nothing else on the machine (docs/record/benchmarks.md says how the published runs kept it idle).
+# Run with nothing else on the machine (docs/benchmarks/benchmarks.md says how the published runs kept it idle).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

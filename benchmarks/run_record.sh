@@ -1,5 +1,5 @@
 #!/bin/bash
-# The example record's payoff (docs/record/benchmarks.md, "The example record"): pruning the next run's training set
+# The example record's payoff (docs/benchmarks/benchmarks.md, "The example record"): pruning the next run's training set
 # by a record's scores, each beside a random subset of the same size, and label issues found by one run's record
 # against cleanlab's 5-fold confident learning. WORKLOAD=image (the default): the image fine-tuning workload of
 # run_frontier.sh (CIFAR-10 classes 5-9 from $MODEL pretrained on classes 0-4: the same stand-in, flags and learning

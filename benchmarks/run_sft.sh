@@ -1,5 +1,5 @@
 #!/bin/bash
-# SFT throughput (docs/record/text.md, "What selection saves in SFT, measured"): TRL's SFTTrainer on SST-2 sentences, a
+# SFT throughput (docs/benchmarks/text.md, "What selection saves in SFT, measured"): TRL's SFTTrainer on SST-2 sentences, a
 # 2-layer GPT-2 from scratch, plain (sb_strategy none), with SB (keep 1/3) and with Stale-SB (n = 2), one
 # seed, the same data and epochs, padded and packed; then tokens per second beside the cost model's ideal, and
 # the final validation loss. Run with nothing else on the machine. Restartable: a run with eval_results.json is skipped.

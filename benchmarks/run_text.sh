@@ -1,5 +1,5 @@
 #!/bin/bash
-# The runs behind docs/record/benchmarks.md's SST-2 section. Restartable: a strategy whose <name>.json
+# The runs behind docs/benchmarks/benchmarks.md's SST-2 section. Restartable: a strategy whose <name>.json
 # exists is skipped. Run with nothing else on the machine (the times are the result).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The language-model run of docs/record/text.md: a tiny GPT-2 on SST-2's sentences, Traditional and SB,
+# The language-model run of docs/benchmarks/text.md: a tiny GPT-2 on SST-2's sentences, Traditional and SB,
 # one epoch each; perplexity on the validation sentences. Not a timing benchmark (one seed); it shows
 # the causal-LM path end to end. The models go to a scratch folder; their metrics and selection
 # counters are kept in benchmarks/results/sst2-lm/.

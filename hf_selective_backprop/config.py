@@ -110,7 +110,7 @@ class SelectiveBackpropArguments:
             "help": "Model mode of the selection forward: 'eval' (BatchNorm statistics and dropout untouched, "
             "as in the authors' code) or 'train' (BatchNorm's running statistics then follow every example "
             "read, not only the kept ones; near convergence on CIFAR-10 it made SB 7 points more accurate at "
-            "the same cost, docs/record/benchmarks.md).",
+            "the same cost, docs/benchmarks/benchmarks.md).",
             "choices": list(SELECTION_MODES),
         },
     )
@@ -241,7 +241,7 @@ class SelectiveBackpropArguments:
             "help": "'rholoss': how reducible losses pick rows. 'cdf' (default) keeps each with probability "
             "CDF(reducible loss)**beta, the SB rule on reducible losses; 'topk' keeps the sb_keep highest of each "
             "selection batch (RHO-LOSS's own rule). On CIFAR-10 with 0-20 % label noise 'cdf' ended about a "
-            "point more accurate in 7 of 8 runs (docs/record/benchmarks.md).",
+            "point more accurate in 7 of 8 runs (docs/benchmarks/benchmarks.md).",
             "choices": list(RHO_RULES),
         },
     )

@@ -115,7 +115,7 @@ def pretrained_statistics(model_args: ModelArguments) -> tuple[tuple[float, ...]
 
 def model_flags(args: ModelArguments) -> dict:
     """The flags that decide the model's shapes: recorded with each checkpoint and compared when a run resumes
-    (engine/run_record.py). A fine-tuning run's model is the checkpoint it started from; --model is unused."""
+    (engine/run_signature.py). A fine-tuning run's model is the checkpoint it started from; --model is unused."""
     if args.model_name_or_path is not None:
         return {"--model_name_or_path": args.model_name_or_path}
     return {"--model": args.model}

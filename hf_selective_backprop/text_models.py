@@ -74,7 +74,7 @@ class TextModelArguments:
 
 def model_flags(args: TextModelArguments, max_length: int | None = None) -> dict:
     """The flags that decide the model's shapes (those that apply): recorded with each checkpoint and compared
-    when a run resumes (engine/run_record.py). ``max_length`` is the script's --max_length, the positions of a
+    when a run resumes (engine/run_signature.py). ``max_length`` is the script's --max_length, the positions of a
     model built from scratch."""
     flags = {"--model_name_or_path": args.model_name_or_path, "--tokenizer_name": args.tokenizer_name}
     if args.model_name_or_path is None:

@@ -20,7 +20,7 @@ from transformers.trainer_utils import has_length
 from . import _compat, loss_check, parallelism
 from .cards import write_trainer_card
 from .config import SelectiveBackpropConfig, check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
-from .engine import SelectionEngine, budget, console, reference, rotation, run_record, state_files, streams
+from .engine import SelectionEngine, budget, console, reference, rotation, run_signature, state_files, streams
 from .engine.accounting import STATS_FILE, finish_plain_run, finish_run, logged_counters, run_summary
 from .engine.callback import SelectionFlowCallback
 from .engine.data_state import DataState, follow_plain_loader, load_plain, read_plain, save_plain
@@ -70,7 +70,7 @@ class SelectiveBackpropMixin:
     #: For 'rholoss': the column or reference model that gives the irreducible losses.
     _reference: reference.Reference | None = None
     #: The command-line flags the model was built from ({"--num_layers": 2, ...}), set by the scripts: recorded
-    #: with each checkpoint, so that a resume with other ones is refused before data (run_record.check_model_flags).
+    #: with each checkpoint, so that a resume with other ones is refused before data (run_signature.check_model_flags).
     model_flags: dict | None = None
     #: A run without selection given --sb_budget: the share of the full run's steps it takes.
     plain_budget: budget.PlainBudget | None = None
@@ -205,7 +205,7 @@ class SelectiveBackpropMixin:
             loader = _compat.dataloader(
                 self, self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler, collator
             )
-        self.engine.attach(loader, self._planned_sampler, data_state, run_record.describe(
+        self.engine.attach(loader, self._planned_sampler, data_state, run_signature.describe(
             self.args, self.train_dataset, self.accelerator.unwrap_model(self.model), self.model_flags
         ))
         return loader
@@ -378,7 +378,7 @@ class SelectiveBackpropMixin:
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         resume_from_checkpoint = state_files.resume_target(self, resume_from_checkpoint)
-        run_record.PlainRunRecord.attach(self)  # without selection: the budget and model flags a resume compares
+        run_signature.PlainRunSignature.attach(self)  # without selection: the budget and model flags a resume compares
         try:
             output = super().train(resume_from_checkpoint, *args, **kwargs)
         finally:

@@ -17,7 +17,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME, WEIGH
 from .cards import hub_dataset_id, training_costs
 from .config import SelectiveBackpropConfig
 from .data import DataArguments, load_image_data
-from .engine import run_record
+from .engine import run_signature
 from .engine.checkpoints import (
     STATE_FILE,
     last_complete_checkpoint,
@@ -202,7 +202,7 @@ def resume_checkpoint(config: SelectiveBackpropConfig) -> str | None:
         value = found
     _check_checkpoint(str(value), flag, selective)
     if not selective:  # a selective run's checkpoint, or another budget: refused before any data is read
-        run_record.check_without_selection(str(value), config)
+        run_signature.check_without_selection(str(value), config)
     logger.info("resuming from %s", value)
     return str(value)
 
@@ -253,7 +253,7 @@ def train_image_classifier(
     # These checks are cheap; none of these mistakes should cost a decode of the dataset first.
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
-    run_record.check_model_flags(checkpoint, model_flags(model_args))
+    run_signature.check_model_flags(checkpoint, model_flags(model_args))
     check_output_dir_is_free(config.output_dir, checkpoint, overwrite_output_dir)
     if data_args.eval_split is None and config.eval_strategy != "no":
         raise ValueError(

@@ -29,7 +29,7 @@ from transformers import (
 
 from hf_selective_backprop.data.sources import load_splits
 from hf_selective_backprop.data.text import check_text_column, texts_of, train_wordpiece_tokenizer
-from hf_selective_backprop.engine import run_record
+from hf_selective_backprop.engine import run_signature
 from hf_selective_backprop.output_lock import claimed
 from hf_selective_backprop.text_models import TextModelArguments, build_text_model, model_flags
 from hf_selective_backprop.workflow import (
@@ -110,7 +110,7 @@ def main() -> None:
     check_output_dir(training_args.output_dir)
     checkpoint = resume_checkpoint(training_args)
     flags = {**model_flags(model_args, args.max_length), "--objective": args.objective}
-    run_record.check_model_flags(checkpoint, flags)
+    run_signature.check_model_flags(checkpoint, flags)
     check_output_dir_is_free(training_args.output_dir, checkpoint, output_args.overwrite_output_dir)
     with claimed(training_args.output_dir):
         pretrain(args, model_args, training_args, checkpoint, flags)
@@ -148,7 +148,7 @@ def pretrain(args: PretrainArguments, model_args: TextModelArguments, training_a
     )
     # The model's flags ride in each checkpoint (trainer_state.json): a resume with others is refused before data.
     trainer = Trainer(model=model, args=training_args, train_dataset=tokenized, data_collator=collator,
-                      processing_class=tokenizer, callbacks=[run_record.PlainRunRecord.of(training_args, flags)])
+                      processing_class=tokenizer, callbacks=[run_signature.PlainRunSignature.of(training_args, flags)])
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model()
     trainer.save_metrics("train", result.metrics)

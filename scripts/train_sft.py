@@ -25,7 +25,7 @@ from hf_selective_backprop.data.text import (
     texts_of,
     train_wordpiece_tokenizer,
 )
-from hf_selective_backprop.engine import run_record
+from hf_selective_backprop.engine import run_signature
 from hf_selective_backprop.output_lock import claimed
 from hf_selective_backprop.text_models import (
     TextModelArguments,
@@ -104,7 +104,7 @@ def main() -> None:
     require_model_for(model_args, "causal-lm", "scripts/train_sft.py")
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
-    run_record.check_model_flags(checkpoint, model_flags(model_args, config.max_length))
+    run_signature.check_model_flags(checkpoint, model_flags(model_args, config.max_length))
     check_output_dir_is_free(config.output_dir, checkpoint, output_args.overwrite_output_dir)
     with claimed(config.output_dir):
         run(config, data_args, model_args, checkpoint)

@@ -31,7 +31,7 @@ from hf_selective_backprop.data.text import (
     tokenize,
     train_wordpiece_tokenizer,
 )
-from hf_selective_backprop.engine import run_record
+from hf_selective_backprop.engine import run_signature
 from hf_selective_backprop.metrics import compute_metrics
 from hf_selective_backprop.output_lock import claimed
 from hf_selective_backprop.text_models import (
@@ -68,7 +68,7 @@ def train(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_a
     require_model_for(model_args, data_args.task, f"scripts/train_text.py --task {data_args.task}")
     check_output_dir(config.output_dir)
     checkpoint = resume_checkpoint(config)
-    run_record.check_model_flags(checkpoint, model_flags(model_args, data_args.max_length))
+    run_signature.check_model_flags(checkpoint, model_flags(model_args, data_args.max_length))
     check_output_dir_is_free(config.output_dir, checkpoint, overwrite_output_dir)
     with claimed(config.output_dir):
         run(config, data_args, model_args, checkpoint)

@@ -1,4 +1,4 @@
-"""Every relative link in README.md and docs/**/*.md (the guides, docs/README.md, docs/record/) leads to a file that
+"""Every relative link in README.md and docs/**/*.md (the guides, docs/README.md, docs/benchmarks/) leads to a file that
 exists, and every #anchor to a heading in it."""
 
 import re

@@ -1,5 +1,5 @@
 """Fault injection: a table of bad inputs, each with the error it must give, and a table of faults, each
-with the invariants it must keep (docs/record/reliability.md lists both).
+with the invariants it must keep (docs/benchmarks/reliability.md lists both).
 
 Bad inputs fail with a ValueError that names the flag, or the column and row, before the first step.
 Faults (a kill at a checkpoint or during a save, an interrupt during a selection batch, a full disk)

@@ -1,6 +1,6 @@
 """What only a CUDA device can show (marked ``gpu``: collected and skipped without one; `make gpu-check` runs them).
 
-docs/record/gpu.md says where they last ran.
+docs/benchmarks/gpu.md says where they last ran.
 """
 
 from __future__ import annotations

@@ -248,14 +248,14 @@ def test_a_resume_with_another_model_flag_is_refused_before_any_data_is_read(scr
     assert max(checkpoint_steps(out)) > int(last.name.split("-")[1])
 
 
-def test_a_plain_checkpoint_without_the_run_record_is_refused_for_another_model(script, tmp_path):
+def test_a_plain_checkpoint_without_the_run_signature_is_refused_for_another_model(script, tmp_path):
     # A checkpoint of a run without selection saved before the run record: no flags to compare before the data, and
     # the resume ended in torch's raw size mismatch (or the optimizer's parameter-group error).
     out = tmp_path / "run"
     script(out, "--save_strategy", "steps", "--save_steps", "1", "--sb_strategy", "none")
     last = max(out.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
     state = json.loads((last / "trainer_state.json").read_text())
-    del state["stateful_callbacks"]["PlainRunRecord"]  # as an earlier version saved it
+    del state["stateful_callbacks"]["PlainRunSignature"]  # as an earlier version saved it
     (last / "trainer_state.json").write_text(json.dumps(state))
     flag, now, field, saved, wants = (
         ("--model", "resnet34", "architecture", "'resnet18'", "'resnet34'") if script.name == "train.py"

@@ -68,7 +68,7 @@ def test_the_first_screen_gives_a_verdict_per_workload_with_numbers_linked_to_th
     assert [next((w for w in workloads if w in bullet.split(".")[0]), None) for bullet in bullets] == workloads
     for bullet in bullets:
         assert re.search(r"\d\.\d\dx", bullet), bullet  # a measured saving
-        assert re.search(r"\]\(docs/record/benchmarks\.md#[a-z0-9-]+\)", bullet), bullet  # linked to its section
+        assert re.search(r"\]\(docs/benchmarks/benchmarks\.md#[a-z0-9-]+\)", bullet), bullet  # linked to its section
 
 
 def test_the_offline_example_trains_without_the_network(tmp_path):

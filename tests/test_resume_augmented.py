@@ -214,7 +214,7 @@ def test_the_runs_differ_without_the_data_state_or_its_handling_of_batches_loade
     assert resumed.state.global_step != reference.state.global_step or not same_weights
 
 
-def test_a_checkpoint_without_data_state_or_run_record_warns_and_continues(references, tmp_path):
+def test_a_checkpoint_without_data_state_or_run_signature_warns_and_continues(references, tmp_path):
     reference, output_dir = references("sb_dataset")
     checkpoint = tmp_path / "old"
     shutil.copytree(spread(output_dir)[1], checkpoint)

@@ -5,7 +5,7 @@ parts: the loss store (`store.py`), the batch queue and its padding (`queue.py`,
 plan, the run's length and its budget (`epoch_plan.py`, `run_length.py`, `budget.py`, `phi_meter.py`,
 `schedule.py`), the selection forward (`scoring.py`), example ids (`indexing.py`), irreducible losses for RHO-LOSS
 (`reference.py`), collectives and host copies (`distributed.py`, `transfer.py`), streams (`streams.py`),
-counters (`accounting.py`) and checkpoints (`state_files.py`, `checkpoints.py`, `run_record.py`,
+counters (`accounting.py`) and checkpoints (`state_files.py`, `checkpoints.py`, `run_signature.py`,
 `data_state.py`, `rotation.py`).
 """
 

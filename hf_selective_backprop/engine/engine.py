@@ -80,7 +80,7 @@ class SelectionEngine:
         self.sampler: PlannedSampler | None = None
         self.dataloader = None
         self.data_state = DataState({})
-        self.run: dict | None = None  # what the run is (run_record.describe): saved with checkpoints
+        self.run: dict | None = None  # what the run is (run_signature.describe): saved with checkpoints
         self.saved_model_buffers: dict | None = None  # this process's, from the resumed checkpoint
         self.epoch_plan: EpochPlan | None = None
         #: A stream's epoch, which cannot be planned: what the strategy's plan_rows needs (InfoBatch: a mean).
@@ -125,7 +125,7 @@ class SelectionEngine:
 
     def attach(self, dataloader, sampler: PlannedSampler | None, data_state: DataState, run: dict) -> None:
         """The training loader (its length per epoch), its sampler (the plan it follows), the random state of
-        its dataset and collator, and the run's record."""
+        its dataset and collator, and the run's signature."""
         self.dataloader, self.sampler, self.data_state, self.run = dataloader, sampler, data_state, run
         ids = sampler.ids_by_position if sampler is not None else None
         if self.records_training_losses and ids is not None and len(ids) and len(self.store) == 0:
@@ -171,7 +171,7 @@ class SelectionEngine:
 
     def state_dict(self, model: torch.nn.Module | None = None) -> dict:
         """``{"shared": ..., "rank": ...}``: what every process holds alike (the strategy, store, epoch, plan and
-        position, the run's record; saved once) and what this process owns (generator, queue, counters,
+        position, the run's signature; saved once) and what this process owns (generator, queue, counters,
         strategy, data pipeline state and, with several processes, ``model``'s buffers)."""
         shared = {
             "selector": self.selector.state_dict(),

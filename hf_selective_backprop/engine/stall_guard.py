@@ -1,6 +1,6 @@
 """A warning when selection holds a classifier at chance, the stall measured fine-tuning a text classifier.
 
-Fine-tuning a BERT with a new 2-way head on SST-2 (docs/record/benchmarks.md), SB at keep 1/3 and top-k at keep
+Fine-tuning a BERT with a new 2-way head on SST-2 (docs/benchmarks/benchmarks.md), SB at keep 1/3 and top-k at keep
 1/2 kept a validation loss of ln 2 (answers a hair from 50/50) at every evaluation of every seed: each step trains
 on what the current model gets wrong, which pulls every answer back towards chance, and the next selection follows
 the model. Nothing in the counters shows it, and the run goes on to its end. `StallGuard` watches a classifier's

@@ -2,7 +2,7 @@
 same or another world size.
 
 ``sb_state.pt`` holds what every process shares (strategy, store, epoch plan and position, and the
-run's record: its selection settings and data, checked on resume), written once;
+run's signature: its selection settings and data, checked on resume), written once;
 ``sb_rank_state_{rank}.pt`` what each process owns (generator, queue, counters, strategy, the
 random state of its data pipeline and, with several processes, its model's buffers).
 """
@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from . import run_record
+from . import run_signature
 from .checkpoints import RANK_STATE_FILE, STATE_FILE, atomic_save, require_complete_checkpoint, require_resumable
 from .engine import SelectionEngine
 
@@ -23,18 +23,18 @@ def resume_target(trainer, resume_from_checkpoint: str | bool | None):
     """The checkpoint ``trainer.train()`` resumes from, checked before anything trains. Selecting, ``True`` is the
     last *complete* checkpoint-N (transformers picks the highest, even one a killed run left half written), and a
     checkpoint of another model is refused before its weights are loaded; without selection, a selective run's
-    checkpoint, or one of another budget or model, is refused (`run_record.check_without_selection`)."""
+    checkpoint, or one of another budget or model, is refused (`run_signature.check_without_selection`)."""
     output_dir = trainer.args.output_dir
     if trainer.selector is None:
-        checkpoint = run_record.check_without_selection(resume_from_checkpoint, trainer.args)
+        checkpoint = run_signature.check_without_selection(resume_from_checkpoint, trainer.args)
         if checkpoint is not None:
-            run_record.check_model(checkpoint, trainer.accelerator.unwrap_model(trainer.model))
+            run_signature.check_model(checkpoint, trainer.accelerator.unwrap_model(trainer.model))
         return resume_from_checkpoint
     if resume_from_checkpoint is True:
         resume_from_checkpoint = require_complete_checkpoint(output_dir)
     if isinstance(resume_from_checkpoint, str):
         require_resumable(resume_from_checkpoint)
-        run_record.check_model(resume_from_checkpoint, trainer.accelerator.unwrap_model(trainer.model))
+        run_signature.check_model(resume_from_checkpoint, trainer.accelerator.unwrap_model(trainer.model))
     return resume_from_checkpoint
 
 
@@ -57,7 +57,7 @@ def load(engine: SelectionEngine, checkpoint: str, ignore_data_skip: bool = Fals
         )
     shared = torch.load(path, weights_only=True)
     # Before anything is restored: a checkpoint of other settings or data fails here, not mid-restore.
-    run_record.check(shared.get("run"), engine.run, checkpoint)
+    run_signature.check(shared.get("run"), engine.run, checkpoint)
     if engine.selector.uses_reference_losses and shared.get("irreducible") is None:
         raise ValueError(
             f"{checkpoint} holds no irreducible losses, which --sb_strategy rholoss needs: it was saved by a run "

@@ -38,7 +38,7 @@ def data_map(table: datasets.Dataset, path: str, title: str | None = None) -> di
 def label_issues(table: datasets.Dataset, top: int | None = None, by: str = "last_loss") -> datasets.Dataset:
     """The record's rows ranked from likeliest label issue, with their rank in ``label_issue_rank``: the ``top``
     first, or (``top=None``) those of the hard-to-learn region. ``by``: one of `LABEL_ISSUE_RANKINGS`; the last
-    loss ranked flipped labels above the mean confidence in every measured run (docs/record/benchmarks.md)."""
+    loss ranked flipped labels above the mean confidence in every measured run (docs/benchmarks/benchmarks.md)."""
     import torch
 
     if by not in LABEL_ISSUE_RANKINGS:

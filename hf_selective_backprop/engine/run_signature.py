@@ -12,7 +12,7 @@ the command-line flags that built it, where a script gives them (``model_flags``
 model is refused naming what differs, before the weights are loaded (`check_model`) and, in the
 scripts, before any data is (`check_model_flags`).
 
-A run without selection has no ``sb_state.pt``: its record (`PlainRunRecord`: its budget and model flags) rides
+A run without selection has no ``sb_state.pt``: its record (`PlainRunSignature`: its budget and model flags) rides
 in ``trainer_state.json``, and a resume with another budget or other model flags is refused the same way.
 """
 
@@ -105,7 +105,7 @@ def describe_model(model: torch.nn.Module) -> dict:
     return record
 
 
-class PlainRunRecord(TrainerCallback, ExportableState):
+class PlainRunSignature(TrainerCallback, ExportableState):
     """The record of a run without selection (``--sb_strategy none``, or a plain `Trainer`), whose checkpoints hold no
     ``sb_state.pt``: its budget (``--sb_budget`` and the full run it is a share of) and the flags that built its
     model, where a script gives them. It rides in each checkpoint's ``trainer_state.json``, in
@@ -123,7 +123,7 @@ class PlainRunRecord(TrainerCallback, ExportableState):
         state.stateful_callbacks[type(self).__name__] = self.state()
 
     @classmethod
-    def of(cls, args, model_flags: dict | None = None) -> PlainRunRecord | None:
+    def of(cls, args, model_flags: dict | None = None) -> PlainRunSignature | None:
         """The record of a run of ``args`` whose model ``model_flags`` built; None when it has nothing to record."""
         budget = _budget_settings(args)
         if budget is None and not model_flags:
@@ -163,12 +163,12 @@ def _budget_settings(args) -> dict | None:
 
 
 def saved_record(checkpoint: str) -> dict | None:
-    """The run record a checkpoint holds: a selective run's (sb_state.pt), or a run without selection's
-    `PlainRunRecord` (its ``model_flags`` and ``budget``); None for another checkpoint (or an older one)."""
+    """The run signature a checkpoint holds: a selective run's (sb_state.pt), or a run without selection's
+    `PlainRunSignature` (its ``model_flags`` and ``budget``); None for another checkpoint (or an older one)."""
     path = os.path.join(checkpoint, STATE_FILE)
     if os.path.isfile(path):
         return torch.load(path, weights_only=True).get("run")
-    return PlainRunRecord.saved(checkpoint)
+    return PlainRunSignature.saved(checkpoint)
 
 
 def check_model(checkpoint: str, model: torch.nn.Module) -> None:
@@ -317,7 +317,7 @@ def check_without_selection(checkpoint: str | bool, args) -> str | None:
         strategy = repr(saved["selection"]["sb_strategy"]) if saved else "a selective strategy"
         _refuse(checkpoint, [f"--sb_strategy: saved {strategy}, now 'none'"])
     require_intact_selection_state(checkpoint)  # one without its sb_state.pt: damaged, and a selective run's
-    saved, now = (PlainRunRecord.saved(checkpoint) or {}).get("budget") or {}, _budget_settings(args) or {}
+    saved, now = (PlainRunSignature.saved(checkpoint) or {}).get("budget") or {}, _budget_settings(args) or {}
     wrong = []
     if not _same(saved.get("sb_budget"), now.get("sb_budget")):
         wrong.append(f"--sb_budget: saved {saved.get('sb_budget')!r}, now {now.get('sb_budget')!r}")

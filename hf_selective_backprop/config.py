@@ -7,6 +7,7 @@ base class's own `__post_init__`, so `HfArgumentParser` parses both sets of flag
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
 import os
@@ -15,9 +16,12 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
+from .default_strategy import DEFAULT_STRATEGY, CannotSelect, is_default
 from .lr_schedule import check_milestones
 from .record.scores import PRUNE_SCORES
 from .selectors import strategy_names
+
+logger = logging.getLogger(__name__)
 
 SELECTION_MODES = ("eval", "train")
 RHO_RULES = ("topk", "cdf")
@@ -44,7 +48,7 @@ class SelectiveBackpropArguments:
     sb_strategy: str = field(
         # Not the paper's 'sb': at keep 1/3 it stalled fine-tuning a text classifier with a new head (SST-2 at a
         # 50/50 answer, 19 points below Traditional) and SFT; InfoBatch collapsed no workload measured.
-        default="infobatch",
+        default=DEFAULT_STRATEGY,
         metadata={
             "help": "Selection strategy: 'none' (Traditional: every example trained, no selection pass), "
             "'sb' (Selective-Backprop: keep with probability CDF(loss)**beta), 'topk' (highest-loss "
@@ -311,7 +315,7 @@ class SelectiveBackpropArguments:
         metadata={"help": "With --sb_subset_from: the share of the training set kept, in (0, 1]."},
     )
     sb_subset_by: str = field(
-        default="mean_loss",
+        default="variability",
         metadata={
             "help": "With --sb_subset_from: the record's score that keeps the examples with its highest values: "
             + "; ".join(f"'{name}': {what}" for name, what in PRUNE_SCORES.items()) + ".",
@@ -410,6 +414,7 @@ class SelectiveBackpropArguments:
                 "sb, topk, ...)",
                 UserWarning, stacklevel=2,
             )
+        self._check_annealing_knobs()
         if self.sb_anneal_delta is not None and self.sb_strategy in NON_ANNEALING_STRATEGIES:
             warnings.warn(
                 f"--sb_anneal_delta {self.sb_anneal_delta} does not apply to --sb_strategy {self.sb_strategy}; it "
@@ -428,6 +433,30 @@ class SelectiveBackpropArguments:
                 f"with --sb_strategy {self.sb_strategy}: its sampler draws the epoch's order from the global random "
                 "state, which a resume inside the epoch (skipping the rows already read) is not shown to replay; "
                 "use the default 'random'"
+            )
+
+    def _check_annealing_knobs(self) -> None:
+        """--sb_end and --sb_anneal_delta both say "everything again from this point of the run": a strategy that
+        plans whole epochs takes one of them, and --sb_keep, which early pruning would otherwise default silently."""
+        if self.sb_strategy not in ANNEALING_STRATEGIES:
+            return
+        if self.sb_end < 1.0 and self.sb_anneal_delta is not None:
+            raise ValueError(
+                f"--sb_end {self.sb_end} and --sb_anneal_delta {self.sb_anneal_delta} both train every example from "
+                f"a point of the run on; --sb_strategy {self.sb_strategy} takes one: --sb_anneal_delta"
+            )
+        if self.sb_end < 1.0:
+            warnings.warn(
+                f"--sb_end {self.sb_end} with --sb_strategy {self.sb_strategy}, which plans whole epochs: an epoch "
+                f"prunes only if it ends by {self.sb_end} of the run, so the end falls on an epoch boundary (on 2 "
+                "epochs, 0.8 prunes none); --sb_anneal_delta is this strategy's setting for it",
+                UserWarning, stacklevel=3,
+            )
+        if self.sb_strategy != "infobatch" and self.sb_keep is None and self.sb_beta is None:
+            warnings.warn(
+                f"--sb_strategy {self.sb_strategy} without --sb_keep keeps {DEFAULT_KEEP:.3g} of the examples from "
+                "the second epoch on (the default); set --sb_keep to choose the share",
+                UserWarning, stacklevel=3,
             )
 
     def _validate_budget(self) -> None:
@@ -457,6 +486,10 @@ class SelectiveBackpropArguments:
                              f"kept), got {self.sb_subset_keep!r}")
         if self.sb_subset_by not in PRUNE_SCORES:
             raise ValueError(f"--sb_subset_by must be one of {', '.join(PRUNE_SCORES)}, got {self.sb_subset_by!r}")
+        if is_default(self):  # the subset is the selection: the default does not prune it again
+            logger.info("--sb_subset_from: every example of the subset trains each epoch (--sb_strategy none); "
+                        "name a strategy with --sb_strategy to select within the subset as well")
+            self.sb_strategy = "none"
 
     def _validate_reference(self) -> None:
         given = [flag for flag in ("sb_reference_model", "sb_reference_column") if getattr(self, flag) is not None]
@@ -539,7 +572,7 @@ def refuse_unsupported_trainer(trainer_class: type, given: SelectiveBackpropArgu
     unsupported = next((cls for cls in trainer_class.__mro__ if cls.__module__.split(".")[0] == "trl"
                         and cls.__name__ not in SUPPORTED_TRL_TRAINERS), None)
     if unsupported is not None:
-        raise ValueError(
+        raise CannotSelect(
             f"selection (--sb_strategy {given.sb_strategy}) on TRL's {unsupported.__name__} is not supported: its "
             "batches hold paired (chosen/rejected) sequences or completions generated in the step, not examples "
             "with a loss of their own that selection could keep or drop one by one. Supported: transformers' "
@@ -555,7 +588,7 @@ def check_trainer_arguments(trainer, per_example_loss_func) -> None:
             f"{trainer.config_class_name}), got {type(trainer.args).__name__}"
         )
     if trainer.compute_loss_func is not None and per_example_loss_func is None and trainer.args.sb_strategy != "none":
-        raise ValueError(
+        raise CannotSelect(
             "compute_loss_func is set, so selection cannot know each example's loss: pass "
             "per_example_loss_func=(outputs, labels) -> per-example losses as well"
         )

@@ -18,6 +18,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from .default_strategy import CannotSelect
+
 #: (model outputs, labels) -> one loss per example, shape (batch,).
 PerExampleLoss = Callable[[object, torch.Tensor], torch.Tensor]
 
@@ -26,6 +28,11 @@ IGNORE_INDEX = -100
 #: Logit elements (tokens x vocabulary) turned into float32 at a time by the token losses: bounds the
 #: selection pass's extra memory for large vocabularies (64 MiB of float32 per chunk).
 TOKEN_CHUNK_ELEMENTS = 1 << 24
+
+
+class NoPerExampleLoss(CannotSelect):
+    """The automatic per-example loss does not fit the model's outputs (a model that returns only its loss, a
+    head it does not know): selection needs ``per_example_loss_func``; the example record turns itself off."""
 
 
 def logits_of(outputs) -> torch.Tensor:
@@ -41,7 +48,7 @@ def logits_of(outputs) -> torch.Tensor:
             return outputs["logits"]
         others = {key: value for key, value in outputs.items() if key != "loss" and torch.is_tensor(value)}
         if len(others) != 1:
-            raise ValueError(
+            raise NoPerExampleLoss(
                 f"the model's outputs have no 'logits' and not exactly one other tensor (keys: {sorted(outputs)}): "
                 "pass per_example_loss_func=(outputs, labels) -> one loss per example"
             )
@@ -319,12 +326,13 @@ def _check_scorer_shape(model, scorer, inputs: dict, loss_fn: ExampleLoss) -> No
     try:
         with torch.random.fork_rng(devices=_cuda_devices()):
             losses = scorer(model, inputs)
-    except (KeyError, IndexError, RuntimeError, ValueError) as error:
+    except (KeyError, IndexError, RuntimeError, TypeError, ValueError) as error:
         if isinstance(error, ValueError) and "per_example_loss_func" not in str(error):
             raise  # an error of the data or of a flag, which names its own fix
-        raise ValueError(f"{advice} ({type(error).__name__}: {error})") from error
+        # TypeError: a forward that needs its labels, which the selection forward does not pass
+        raise NoPerExampleLoss(f"{advice} ({type(error).__name__}: {error})") from error
     if losses.shape != (rows,):
-        raise ValueError(f"{advice} (it gave shape {tuple(losses.shape)} for a batch of {rows})")
+        raise NoPerExampleLoss(f"{advice} (it gave shape {tuple(losses.shape)} for a batch of {rows})")
 
 
 def own_loss(outputs) -> torch.Tensor | None:
@@ -375,7 +383,7 @@ def check_agrees_with_model_loss(model, inputs: dict, loss_fn: ExampleLoss, labe
         kind = loss_fn.task
         if kind == "classification":
             kind = loss_fn.problem_type(labels, logits_of(outputs))
-        raise ValueError(
+        raise NoPerExampleLoss(
             f"the automatic per-example loss ({kind}) of {type(model).__name__}'s outputs averages {float(mean):.6g} "
             f"on the first training rows, where the model's own loss is {float(expected):.6g}: selection would rank "
             "examples by a loss the model does not train on. Pass per_example_loss_func=(outputs, labels) -> one "
@@ -419,11 +427,17 @@ def loss_terms(loss_fn: PerExampleLoss, outputs, labels: torch.Tensor):
     A plain callable gives one loss per example; its batch is normalised by the non-ignored labels,
     as transformers counts ``num_items_in_batch``.
     """
+    losses, sums, counts = _loss_sums_and_counts(loss_fn, outputs, labels)
+    return losses, sums, counts.sum() if isinstance(loss_fn, ExampleLoss) else (labels != IGNORE_INDEX).sum()
+
+
+def _loss_sums_and_counts(loss_fn: PerExampleLoss, outputs, labels: torch.Tensor):
+    """(per-example losses, their sums, their item counts): a plain callable's examples count one item each."""
     if isinstance(loss_fn, ExampleLoss):
         sums, counts = loss_fn.sums_and_counts(outputs, labels)
-        return sums / counts.clamp_min(1), sums, counts.sum()
+        return sums / counts.clamp_min(1), sums, counts
     losses = loss_fn(outputs, labels)
-    return losses, losses, (labels != IGNORE_INDEX).sum()
+    return losses, losses, torch.ones_like(losses)
 
 
 def weighted_loss(loss_fn: PerExampleLoss, outputs, labels: torch.Tensor, weights: torch.Tensor,
@@ -435,10 +449,23 @@ def weighted_loss(loss_fn: PerExampleLoss, outputs, labels: torch.Tensor, weight
     own loss whenever the model normalises by ``num_items_in_batch`` (transformers' causal-LM loss,
     the Trainer's label smoother) or the step has one micro-batch.
     """
-    losses, sums, items = loss_terms(loss_fn, outputs, labels)
+    loss, losses, _ = weighted_loss_and_estimate(loss_fn, outputs, labels, weights, num_items_in_batch)
+    return loss, losses
+
+
+def weighted_loss_and_estimate(loss_fn: PerExampleLoss, outputs, labels: torch.Tensor, weights: torch.Tensor,
+                               num_items_in_batch=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`weighted_loss`'s two, and the factor that turns the weighted loss into the weighted *mean*: the items
+    over the weighted items. Weights that rescale a pruned batch (InfoBatch's 1/(1-r)) sum past the batch's
+    size, so the weighted loss climbs as pruning grows; the weighted mean estimates the mean loss of every
+    example, the number the Trainer logs as ``loss``."""
+    losses, sums, counts = _loss_sums_and_counts(loss_fn, outputs, labels)
+    items = counts.sum() if isinstance(loss_fn, ExampleLoss) else (labels != IGNORE_INDEX).sum()
     denominator = num_items_in_batch if num_items_in_batch is not None else items
     if torch.is_tensor(denominator):
         denominator = denominator.to(sums.device).clamp_min(1)
     else:
         denominator = max(denominator, 1)
-    return (sums * weights).sum() / denominator, losses
+    weighted_items = (weights * counts).sum()
+    estimate = torch.where(weighted_items > 0, counts.sum() / weighted_items.clamp_min(1e-12), 1.0)
+    return (sums * weights).sum() / denominator, losses, estimate.detach()

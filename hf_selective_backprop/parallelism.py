@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .default_strategy import CannotSelect
 from .engine import distributed
 
 
@@ -13,7 +14,7 @@ def refuse_unsupported(trainer) -> None:
         # The Trainer would wrap the model in nn.DataParallel, which splits each step's batch over the
         # devices and multiplies the loss by the device count (Trainer.compute_loss); a weighted loss
         # computed on the gathered outputs would be n_gpu times too large.
-        raise ValueError(
+        raise CannotSelect(
             f"--sb_strategy {strategy} with {args.n_gpu} GPUs in one process (torch.nn.DataParallel) is not "
             "supported: launch one process per GPU with `accelerate launch` (or torchrun), or make one GPU "
             "visible (CUDA_VISIBLE_DEVICES=0)"
@@ -23,7 +24,7 @@ def refuse_unsupported(trainer) -> None:
         # Accelerate would split each loaded batch over the processes, while the engine assembles each process's
         # micro-batches at the Trainer's batch size: every step would train `processes` times the rows the plain
         # Trainer trains, with as many times fewer steps.
-        raise ValueError(
+        raise CannotSelect(
             f"--sb_strategy {strategy} with split_batches=True (accelerator_config) on {processes} processes is not "
             "supported: selection assembles each process's micro-batches itself. Set split_batches=False and "
             f"per_device_train_batch_size to the global batch size / {processes} (the same training)"
@@ -32,7 +33,7 @@ def refuse_unsupported(trainer) -> None:
         # The engine keeps sharded forwards in lockstep (docs/distributed.md), shown with torch's fully_shard
         # (FSDP2), which shards the module in place. FSDP1 wraps it, and the selection forward would have to
         # go through that wrapper: not shown.
-        raise ValueError(
+        raise CannotSelect(
             f"--sb_strategy {strategy} runs selection forwards, supported under FSDP version 2 only: set "
             "fsdp_version: 2 in the accelerate FSDP config (--fsdp_config with fsdp_version 2), or use DeepSpeed "
             "ZeRO, DDP, or a strategy without a selection forward (uniform, infobatch)"

@@ -9,6 +9,7 @@ start, `get_batch_samples` (selection batches in, exactly `gradient_accumulation
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from functools import partial
@@ -17,7 +18,7 @@ import torch
 from transformers import Trainer
 from transformers.trainer_utils import has_length
 
-from . import _compat, loss_check, parallelism
+from . import _compat, default_strategy, loss_check, parallelism
 from .cards import write_trainer_card
 from .config import SelectiveBackpropConfig, check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
 from .engine import SelectionEngine, budget, console, reference, rotation, run_signature, state_files, streams
@@ -26,12 +27,20 @@ from .engine.callback import SelectionFlowCallback
 from .engine.data_state import DataState, follow_plain_loader, load_plain, read_plain, save_plain
 from .engine.engine import WEIGHT_KEY
 from .engine.epoch_plan import planned_sampler
-from .engine.indexing import keeping_ids, prepare_training_dataset
+from .engine.indexing import keeping_ids, prepare_training_dataset, unnamed_rows
 from .engine.padding import queue_padding
 from .engine.run_length import RunLength
 from .engine.scoring import SelectionScorer, selection_model
-from .engine.stall_guard import StallGuard
-from .losses import example_margins, labels_already_read, model_task, per_example_loss_for, weighted_loss
+from .engine.stall_guard import StallGuard, chance_loss
+from .logged_loss import LoggedLoss
+from .losses import (
+    NoPerExampleLoss,
+    example_margins,
+    labels_already_read,
+    model_task,
+    per_example_loss_for,
+    weighted_loss_and_estimate,
+)
 from .lr_schedule import schedule_for
 from .record import files as record_files
 from .record import keeper as record_keeping
@@ -83,26 +92,47 @@ class SelectiveBackpropMixin:
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
         args, kwargs = self._with_default_arguments(args, kwargs)
         given = selective_arguments(args, kwargs)
-        selector = build_selector(given) if given is not None else None
+        train_dataset = kwargs.get("train_dataset", args[3] if len(args) > 3 else None)
         # Before the Trainer's own refusal of a stream without max_steps, which does not name the budget.
-        budget.refuse_unsized(given, kwargs.get("train_dataset", args[3] if len(args) > 3 else None))
-        self._refuse_before_data(given, selector, per_example_loss_func)
+        budget.refuse_unsized(given, train_dataset)
+        selector = self._selector_before_data(given, train_dataset, per_example_loss_func)
         subset_record = record_setup.subset_record(given)  # read before the data is prepared
         super().__init__(*args, **kwargs)
-        check_trainer_arguments(self, per_example_loss_func)
+        self.selector = selector
+        with self._stepping_aside():
+            check_trainer_arguments(self, per_example_loss_func)
         self.label_name = self.label_names[0] if self.label_names else "labels"
         # The label smoother's factor: the Trainer drops it for multi-label classification.
         smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
         self.per_example_loss_func = per_example_loss_func or self._automatic_per_example_loss(smoothing)
-        self.selector = selector
-        reference.refuse_unused(reference_model, self.selector, self.args.sb_strategy)
         self._step_extras = StepExtras(self.args.sb_index_column)
+        self._logged_loss = LoggedLoss()
+        reference.refuse_unused(reference_model, self.selector, self.args.sb_strategy)
         self._records = record_setup.prepare(self, subset_record)
         console.show_fewer_counters(self)  # the sb/* counters a person reads; every one still goes to report_to
-        if self.selector is None:
-            return  # the Trainer itself, callbacks, rotation and checkpoint files included
-        self.add_callback(rotation.RunCheckpoints())
-        StallGuard.attach(self)  # warns once if selection holds a classifier at chance
+        if self.selector is not None:
+            with self._stepping_aside():
+                self._set_up_selection(reference_model, per_example_loss_func)
+
+    def _selector_before_data(self, given, train_dataset, per_example_loss_func):
+        """The strategy's selector (None without selection), once what this trainer refuses before the wrapped
+        trainer prepares its data (which can take long) is checked: the default steps aside there instead."""
+        selector = build_selector(given) if given is not None else None
+        try:
+            self._refuse_before_data(given, selector, per_example_loss_func)
+            unnamed = unnamed_rows(train_dataset) if selector is not None else None
+            if unnamed is not None:
+                raise default_strategy.CannotSelect(f"--sb_strategy {given.sb_strategy} keys examples by id: {unnamed}")
+        except default_strategy.CannotSelect as why:
+            if not default_strategy.is_default(given):
+                raise
+            default_strategy.step_aside(given, str(why))
+            return None
+        return selector
+
+    def _set_up_selection(self, reference_model, per_example_loss_func) -> None:
+        """Selection's checks, data, engine and hooks; the checks that can refuse the setup come first, so that a
+        default strategy stepping aside leaves the Trainer as it was."""
         parallelism.refuse_unsupported(self)
         if self.selector.produces_weights:
             self.loss_scale_rule.check(self)  # an upstream that scales otherwise fails here, not in the gradients
@@ -113,12 +143,35 @@ class SelectiveBackpropMixin:
             self._reference, self.train_dataset = reference.Reference.resolve(
                 self, reference_model, per_example_loss_func
             )
-        # In the default flow's place: an epoch-based run ends when its data does (engine/callback.py).
-        self._flow_callback = SelectionFlowCallback(self)
-        _compat.replace_default_flow(self, self._flow_callback)
+        self._fit_selector_to_model()
         self.engine = self._build_engine()
         if per_example_loss_func is None:
             self._check_automatic_loss()
+        self.add_callback(rotation.RunCheckpoints())
+        StallGuard.attach(self)  # warns once if selection holds a classifier at chance
+        # In the default flow's place: an epoch-based run ends when its data does (engine/callback.py).
+        self._flow_callback = SelectionFlowCallback(self)
+        _compat.replace_default_flow(self, self._flow_callback)
+
+    @contextlib.contextmanager
+    def _stepping_aside(self):
+        """Within: a setup selection cannot run on is refused for a chosen strategy; the default steps aside, and
+        the trainer trains as Trainer does, the record included where it can."""
+        try:
+            yield
+        except default_strategy.CannotSelect as why:
+            if self.selector is None or not default_strategy.is_default(self.args):
+                raise
+            self._step_aside(why)
+
+    def _fit_selector_to_model(self) -> None:
+        """What a strategy reads of the model: a ranking by early losses warns when they sit at chance."""
+        if hasattr(self.selector, "chance_loss"):
+            self.selector.chance_loss = chance_loss(self.accelerator.unwrap_model(self.model))
+
+    def _step_aside(self, why: Exception) -> None:
+        default_strategy.step_aside(self.args, str(why))
+        self.selector, self.engine = None, None
 
     def _with_default_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """The constructor's arguments, with `default_arguments` where ``args`` is not given (or None), as `Trainer`
@@ -260,6 +313,7 @@ class SelectiveBackpropMixin:
             if self._loops_started or self._engine_batch_size != _compat.train_batch_size(self):
                 # An earlier loop's state, or micro-batches of another size: start afresh.
                 self.selector = build_selector(self.args)
+                self._fit_selector_to_model()
                 self.engine = self._build_engine()
             self.engine.record = self.record_keeper
             self._loops_started += 1
@@ -315,7 +369,7 @@ class SelectiveBackpropMixin:
         # Checked before the optimizer step (SelectionFlowCallback): the Trainer's logging_nan_inf_filter
         # only hides such a loss from the logs.
         self.engine.observe_training_loss(loss)
-        return loss
+        return self._logged_loss.step_loss(loss)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.selector is None and self.record_keeper is None:
@@ -331,11 +385,17 @@ class SelectiveBackpropMixin:
         # The model's own loss has read these labels: checking them again would wait for the device every step.
         with labels_already_read(self.per_example_loss_func):
             if weights is None:
-                with torch.no_grad():  # read, never differentiated: the step's gradients stay the Trainer's own
-                    per_example = self.per_example_loss_func(outputs, labels)
+                try:
+                    with torch.no_grad():  # read, never differentiated: the step's gradients stay the Trainer's own
+                        per_example = self.per_example_loss_func(outputs, labels)
+                except NoPerExampleLoss as why:
+                    if self.selector is not None:
+                        raise
+                    self.record_keeper.stop(str(why))  # only the record read them: the step goes on
+                    return (loss, outputs) if return_outputs else loss
             else:
-                loss, per_example = weighted_loss(self.per_example_loss_func, outputs, labels, weights,
-                                                  num_items_in_batch)
+                loss, per_example, self._logged_loss.pending = weighted_loss_and_estimate(
+                    self.per_example_loss_func, outputs, labels, weights, num_items_in_batch)
                 loss = loss * self.loss_scale_rule.factor(self, num_items_in_batch)
         if refresh:
             # A trained example's training-forward loss is fresher than its stored one.
@@ -374,6 +434,8 @@ class SelectiveBackpropMixin:
         # epoch; the console callbacks take total_flos out), which train() then returns as its metrics.
         if "loss" in logs or "train_runtime" in logs:
             logs.update(logged_counters(self))
+        if "loss" in logs:
+            self._logged_loss.add_to(logs, self.state.global_step, self.args.parallel_mode)
         super().log(logs, start_time)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):

@@ -427,7 +427,8 @@ def test_bad_subset_flags_are_refused_before_training_naming_the_flag(output_dir
 def test_a_record_of_another_id_column_is_refused_naming_the_columns(tmp_path):
     path = str(tmp_path / "other.parquet")
     Dataset.from_dict({"idx": [0, 1], "mean_loss": [0.1, 0.2]}).to_parquet(path)
-    args = make_config(str(tmp_path / "run"), sb_strategy="none", sb_subset_from=path, sb_subset_keep=0.5)
+    args = make_config(str(tmp_path / "run"), sb_strategy="none", sb_subset_from=path, sb_subset_keep=0.5,
+                       sb_subset_by="mean_loss")
     with pytest.raises(ValueError, match="has no \\['index'\\] column"):
         SelectiveBackpropTrainer(model=TinyClassifier(), args=args, train_dataset=make_dataset())
 

@@ -32,6 +32,8 @@ class IndexedDataset(Dataset):
 MAX_ID_SPAN_PER_ROW, MIN_ID_SPAN = 64, 1 << 24
 #: The id column's default name (``--sb_index_column``): numbering rows under it is the ordinary case.
 DEFAULT_COLUMN = "index"
+#: Id columns datasets carry of their own (GLUE's ``idx``, many datasets' ``id``), used in the default's place.
+OWN_ID_COLUMNS = ("idx", "id")
 
 
 def with_index_column(dataset, column: str):
@@ -43,6 +45,11 @@ def with_index_column(dataset, column: str):
     if column_names is not None:
         if column in column_names:
             return dataset
+        own = _own_id_column(dataset) if column == DEFAULT_COLUMN else None
+        if own is not None:
+            logger.info(f"keying the training examples by the dataset's own {own!r} column (copied as {column!r}; "
+                        f"--sb_index_column {own} keys by it directly)")
+            return dataset.add_column(column, _column_values(dataset, own).tolist())
         say = logger.info if column == DEFAULT_COLUMN else logger.warning
         say(f"--sb_index_column {column!r} is not a column of the training dataset (its columns: {column_names}): "
             f"numbering its {len(dataset)} rows 0..{len(dataset) - 1} under that name as the example ids")
@@ -58,6 +65,38 @@ def with_index_column(dataset, column: str):
     if len(dataset) and isinstance(dataset[0], dict) and column in dataset[0]:
         return dataset
     return IndexedDataset(dataset, column)
+
+
+def _own_id_column(dataset: HFDataset) -> str | None:
+    """The first of `OWN_ID_COLUMNS` the dataset has, if its values can key examples: a record keyed by the rows'
+    positions would join another shuffle or selection of the same data to the wrong rows."""
+    for name in OWN_ID_COLUMNS:
+        if name in dataset.column_names:
+            try:
+                ids = _column_values(dataset, name)
+                check_id_values(ids, name)
+                if numpy.unique(ids).size != ids.size:
+                    raise ValueError(f"--sb_index_column {name!r} holds duplicate ids")
+            except (ValueError, TypeError) as why:
+                logger.warning(f"the training dataset's own {name!r} column cannot key its examples ({why}): "
+                               f"numbering its rows 0..{len(dataset) - 1} instead")
+                return None
+            return name
+    return None
+
+
+def unnamed_rows(dataset) -> str | None:
+    """Why ``dataset``'s rows cannot carry an id column (rows that are tuples or tensors, not mappings of column
+    names to values), or None. Read from its first row, as `with_index_column` would."""
+    if dataset is None or isinstance(dataset, HFDataset | IterableDataset) or _own_ids(dataset) is not None:
+        return None
+    if not hasattr(dataset, "__len__") or len(dataset) == 0:
+        return None
+    row = dataset[0]
+    if isinstance(row, Mapping):
+        return None
+    return (f"the training dataset's rows are {type(row).__name__}s, not mappings of column names to values, so "
+            "they have no column to carry each example's id in; return a dict per row to give them one")
 
 
 def keeping_ids(collate_fn, column: str):

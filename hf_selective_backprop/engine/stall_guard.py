@@ -41,6 +41,12 @@ def label_count(model) -> int | None:
     return labels
 
 
+def chance_loss(model) -> float | None:
+    """ln(K), the cross-entropy of a K-class classifier's answer at chance; None for any other model."""
+    labels = label_count(model)
+    return None if labels is None else math.log(labels)
+
+
 class StallGuard(TrainerCallback):
     """Warns once when a classifier's training loss (the kept rows') and evaluation loss stay at ln(K) over
     `STALL_SHARE` of the run while selection runs."""

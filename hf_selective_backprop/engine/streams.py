@@ -22,6 +22,7 @@ import contextlib
 import torch
 from torch.utils.data import IterableDataset
 
+from ..default_strategy import CannotSelect
 from ..selectors import EarlyPruneSelector, Selector
 from . import distributed
 from .indexing import MAX_ID_SPAN_PER_ROW, MIN_ID_SPAN
@@ -56,14 +57,14 @@ def check_training_data(args, selector: Selector, dataset) -> None:
     if not is_stream(dataset):
         return
     if isinstance(selector, EarlyPruneSelector):
-        raise ValueError(
+        raise CannotSelect(
             f"--sb_strategy {args.sb_strategy} trains a fixed share of a map-style training set's examples from its "
             "second epoch on: a stream has no positions to keep; use a map-style dataset, or --sb_strategy infobatch"
         )
     needs = id_needs(args, selector, stream=True)
     columns = getattr(dataset, "column_names", None)  # None where the stream's features are not known
     if needs is not None and columns is not None and args.sb_index_column not in columns:
-        raise ValueError(missing_ids_message(args.sb_index_column, columns, needs, "the training stream's columns"))
+        raise CannotSelect(missing_ids_message(args.sb_index_column, columns, needs, "the training stream's columns"))
     split = getattr(dataset, "_distributed", None)  # datasets.distributed.split_dataset_by_node's
     if split is not None and (split.rank, split.world_size) != (args.process_index, args.world_size):
         raise ValueError(

@@ -36,7 +36,14 @@ class RecordKeeper:
         self.epoch = 0
         #: False once the run resumed from a checkpoint that held no record: the record covers only what followed.
         self.complete = True
-        self._said_no_ids = False
+        #: Why this run's record stopped (None while it records): a by-product never stops the training.
+        self.stopped: str | None = None
+
+    def stop(self, reason: str) -> None:
+        """Record nothing more in this run, and write nothing: said once."""
+        if self.stopped is None:
+            self.stopped = reason
+            logger.warning(f"the example record is off for this run: {reason}")
 
     def scored(self, ids: torch.Tensor | None, losses: torch.Tensor, margins: torch.Tensor | None, epoch: int) -> None:
         """A selection forward's losses, and its margins where the task defines them (else None)."""
@@ -49,21 +56,17 @@ class RecordKeeper:
             self.feed.trained(ids, losses, margins, epoch)
 
     def accepts(self, ids: torch.Tensor | None) -> bool:
-        """Whether a batch with these ids can be recorded (a stream without an id column cannot), said once."""
-        if ids is not None:
-            return True
-        if not self._said_no_ids:
-            self._said_no_ids = True
-            logger.warning(
-                f"the training batches carry no {self.id_column!r} column, so the example record cannot key "
-                "examples and records nothing: give the stream an id column (--sb_index_column), or pass "
-                "--sb_record False"
-            )
-        return False
+        """Whether a batch with these ids can be recorded: a batch without (a stream without an id column) stops
+        the record."""
+        if ids is None:
+            self.stop(f"the training batches carry no {self.id_column!r} column to key examples by: give the "
+                      "stream an id column (--sb_index_column), or pass --sb_record False")
+        return self.stopped is None
 
     def flush(self) -> None:
-        """Apply every process's buffered events (a collective)."""
-        self.feed.flush(self.record)
+        """Apply every process's buffered events (a collective; every process stops at the same batch)."""
+        if self.stopped is None:
+            self.feed.flush(self.record)
 
     def state_dict(self) -> dict:
         return {"record": self.record.state_dict(), "complete": self.complete}
@@ -75,7 +78,7 @@ class RecordKeeper:
     def save(self, folder: str, should_save: bool) -> None:
         """Flush, then write the record's state into the checkpoint ``folder`` (every process calls this)."""
         self.flush()
-        if should_save:
+        if should_save and self.stopped is None:
             os.makedirs(folder, exist_ok=True)
             atomic_save(self.state_dict(), os.path.join(folder, RECORD_STATE_FILE))
 
@@ -94,7 +97,7 @@ class RecordKeeper:
     def write(self, output_dir: str, should_save: bool) -> str | None:
         """Flush, then write the record's table (and its data map) into ``output_dir``; returns the table's path."""
         self.flush()
-        if not should_save:
+        if not should_save or self.stopped is not None:
             return None
         if self.record.seen.numel() == 0:
             logger.warning("the example record holds no example (no training batch carried ids): nothing written")

@@ -16,6 +16,7 @@ from ..engine.indexing import (
     ids_by_position,
     keeping_ids,
     refuse_index_column_the_model_reads,
+    unnamed_rows,
     with_index_column,
 )
 from ..engine.packing import swapped
@@ -51,9 +52,13 @@ def prepare(trainer, record) -> bool:
     a record of its own, for which it adds the callback and, without selection, lets the ids through."""
     args, column = trainer.args, trainer.args.sb_index_column
     keeps = bool(args.sb_record) and trainer._can_record()
+    dataset = trainer.train_dataset
+    unnamed = unnamed_rows(dataset)
+    if keeps and unnamed is not None:
+        logger.warning(f"the example record is off: {unnamed}")
+        keeps = False
     if keeps and trainer.selector is None:
         keeps = _model_leaves_ids(trainer, column)
-    dataset = trainer.train_dataset
     if dataset is not None and (keeps or record is not None):
         dataset = with_index_column(dataset, column)
         if keeps:  # the record keys its rows by these ids: two examples under one id would merge into one row

@@ -23,6 +23,8 @@ from .coverage import coverage_choice
 from .topk import check_keep, keep_count
 
 EARLY_PRUNE_RANKINGS = ("loss", "coverage", "random")
+#: The share of ln(K) from which a classifier's mean first-epoch loss reads as an answer at chance.
+AT_CHANCE = 0.9
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +45,9 @@ class EarlyPruneSelector(Selector):
 
     needs_losses = False
     uses_stored_losses = True
+    #: ln(K) for a K-class classifier (the trainer sets it; None for other models): the cross-entropy of an answer
+    #: at chance, near which a ranking by loss is close to a random choice.
+    chance_loss: float | None = None
 
     def __init__(self, keep: float, by: str, num_epochs: float, full_epochs: int = 1, anneal_delta: float = 1.0):
         if by not in EARLY_PRUNE_RANKINGS:
@@ -80,6 +85,7 @@ class EarlyPruneSelector(Selector):
         return Selection(self.kept)
 
     def _choose(self, stored_losses: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        self._warn_if_ranked_at_chance(stored_losses)
         count = keep_count(self.keep, stored_losses.numel())
         if self.by == "random":
             order = torch.randperm(stored_losses.numel(), generator=generator)
@@ -89,6 +95,19 @@ class EarlyPruneSelector(Selector):
             ranked = torch.nan_to_num(stored_losses.float(), nan=float("inf"))
             order = torch.argsort(ranked, descending=True, stable=True)
         return torch.sort(order[:count]).values
+
+    def _warn_if_ranked_at_chance(self, stored_losses: torch.Tensor) -> None:
+        finite = stored_losses[torch.isfinite(stored_losses)]
+        if self.chance_loss is None or self.by == "random" or finite.numel() == 0:
+            return
+        mean = float(finite.float().mean())
+        if mean >= AT_CHANCE * self.chance_loss:
+            logger.warning(
+                "early pruning ranks the examples by first-epoch losses that average %.3g, near chance's %.3g "
+                "(ln of the label count): the model barely learned in its first epoch, so the ranking is close to "
+                "a random choice. Give it more epochs on everything first (--sb_warmup_epochs), a higher learning "
+                "rate, or compare with --sb_strategy early_random", mean, self.chance_loss,
+            )
 
     def _select(self, losses: torch.Tensor, generator: torch.Generator, population: torch.Tensor) -> Selection:
         # An epoch not planned before loading (the first, or one under --sb_interrupt) trains every row it loads.

@@ -15,8 +15,9 @@
 #                 (LR=auto), chosen before any strategy runs
 #   images        seeds $SEEDS: Traditional, then for each of $IMAGE_KEEPS early_prune (the first epoch on
 #                 everything, then the share with the highest first-epoch loss), its uniform control and
-#                 early-random, and early-coverage (the same share chosen by coverage, after CCS) where
-#                 COVERAGE=yes; then $IMAGE_MORE (e.g. "infobatch uniform-for-infobatch", the default and its
+#                 early-random, early-coverage (the same share chosen by coverage, after CCS) where
+#                 COVERAGE=yes and early-class-budget (the same share budgeted class by class by difficulty, after
+#                 NUCS) where NUCS=yes; then $IMAGE_MORE (e.g. "infobatch uniform-for-infobatch", the default and its
 #                 control); then the report ($R/images/report.md)
 #   text-lr       the same choice on the text workload, at each of $TEXT_LRS
 #   text          the images part's runs on the text workload, at $TEXT_KEEPS, then $TEXT_MORE
@@ -40,6 +41,7 @@ TEXT_EPOCHS=${TEXT_EPOCHS:-3}
 TEXT_LRS=${TEXT_LRS:-0.00003 0.0001}
 TEXT_KEEPS=${TEXT_KEEPS:-0.5}
 COVERAGE=${COVERAGE:-no}
+NUCS=${NUCS:-no}
 IMAGE_MORE=${IMAGE_MORE:-}
 TEXT_MORE=${TEXT_MORE:-}
 read -r -a EXTRA <<<"${EXTRA:-}"
@@ -63,10 +65,11 @@ runs() {  # FOLDER SEED LR NAME... after --: the workload's command; each NAME w
     done
 }
 
-early_names() {  # KEEP...: for each, early_prune at that keep, its uniform control, early-random and (COVERAGE=yes)
-    for KEEP in "$@"; do  # early-coverage
+early_names() {  # KEEP...: for each, early_prune at that keep, its uniform control, early-random, (COVERAGE=yes)
+    for KEEP in "$@"; do  # early-coverage and (NUCS=yes) early-class-budget
         echo "early-prune-keep$KEEP uniform-for-early-prune-keep$KEEP early-random-keep$KEEP"
         [[ $COVERAGE == yes ]] && echo "early-coverage-keep$KEEP"
+        [[ $NUCS == yes ]] && echo "early-class-budget-keep$KEEP"
     done
     return 0
 }

@@ -27,7 +27,7 @@ SELECTION_MODES = ("eval", "train")
 RHO_RULES = ("topk", "cdf")
 SELECTION_PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 HISTORY_SCOPES = ("global", "local")
-ANNEALING_STRATEGIES = ("infobatch", "early_prune", "early_coverage", "early_random")
+ANNEALING_STRATEGIES = ("infobatch", "early_prune", "early_coverage", "early_random", "early_class_budget")
 #: Built-in strategies that never read --sb_anneal_delta (a registered one may).
 NON_ANNEALING_STRATEGIES = ("none", "sb", "topk", "composer", "kath18", "uniform", "rholoss")
 DEFAULT_KEEP = 1.0 / 3.0
@@ -60,7 +60,9 @@ class SelectiveBackpropArguments:
             "(pruning by early loss, after Data Diet, in one run: the first epoch on everything, then the "
             "sb_keep share with the highest first-epoch loss for every later epoch), 'early_coverage' (the same "
             "with a coverage-centric choice over the first-epoch losses, after CCS: the hardest tenth dropped, "
-            "every level of difficulty kept), 'early_random' (the same with a random subset of that size: their "
+            "every level of difficulty kept), 'early_class_budget' (the same share budgeted class by class, after "
+            "NUCS: each class's share set by its difficulty, chosen by coverage inside it; needs one class label "
+            "per example), 'early_random' (the same with a random subset of that size: their "
             "control), or the name "
             "of a strategy registered with hf_selective_backprop.selectors.register_strategy. Default: "
             "'infobatch', the one strategy that collapsed no workload measured: 0.4-0.5 points below Traditional "

@@ -46,6 +46,7 @@ from .record import files as record_files
 from .record import keeper as record_keeping
 from .record import setup as record_setup
 from .selectors import build_selector
+from .selectors.class_budget import class_labels, refuse_token_labels
 from .step_extras import StepExtras
 
 __all__ = ["STATS_FILE", "WEIGHT_KEY", "SelectiveBackpropMixin", "SelectiveBackpropTrainer"]
@@ -143,6 +144,9 @@ class SelectiveBackpropMixin:
             self._reference, self.train_dataset = reference.Reference.resolve(
                 self, reference_model, per_example_loss_func
             )
+        if self.selector.uses_stored_labels:
+            refuse_token_labels(model_task(self.accelerator.unwrap_model(self.model)),
+                                f"--sb_strategy {self.args.sb_strategy}")
         self._fit_selector_to_model()
         self.engine = self._build_engine()
         if per_example_loss_func is None:
@@ -399,7 +403,11 @@ class SelectiveBackpropMixin:
                 loss = loss * self.loss_scale_rule.factor(self, num_items_in_batch)
         if refresh:
             # A trained example's training-forward loss is fresher than its stored one.
-            self.engine.observe(ids, per_example.detach())
+            if self.engine.labels is not None:  # a strategy that budgets by class stores each example's label too
+                flag = f"--sb_strategy {self.args.sb_strategy}"
+                self.engine.observe(ids, per_example.detach(), labels=class_labels(labels, flag))
+            else:
+                self.engine.observe(ids, per_example.detach())
         if recorded:
             epoch = self.engine.epoch if self.selector is not None else self.record_keeper.epoch
             with torch.no_grad():

@@ -350,6 +350,7 @@ def run(args: argparse.Namespace) -> dict:
         "selector_state": trainer.selector.state_dict(),
         "history": history.values() if history is not None else None,
         "store": trainer.engine.store.state_dict(),
+        "labels": None if trainer.engine.labels is None else trainer.engine.labels.labels,
         "queue": len(trainer.engine.queue),
         "stats": trainer.engine.stats.state_dict(),
         "sb_stats": trainer.sb_stats,

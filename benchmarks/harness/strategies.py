@@ -32,6 +32,7 @@ RHO_RULES = {
 EARLY_PRUNE = {
     "early-prune": "Early prune (highest first-epoch loss)",
     "early-coverage": "Early coverage (CCS over first-epoch losses)",
+    "early-class-budget": "Early class budgets (NUCS over first-epoch losses)",
     "early-random": "Early random subset",
 }
 
@@ -104,7 +105,7 @@ def build_strategy(
     name: str, keep: float, staleness: int, warmup_epochs: int, reference_model: str | None = None
 ) -> Strategy:
     """`name` is one of traditional, sb, sb-weighted, stale-sb, kath18, composer, uniform, topk, infobatch, early-prune,
-    early-coverage, early-random, sb-warmup,
+    early-coverage, early-class-budget, early-random, sb-warmup,
     sb-train-mode, rholoss, rholoss-cdf, stale-rholoss (these three score with ``reference_model``, a folder
     scripts/train.py wrote), optionally followed by knobs (`KNOBS`: stale-sb-n2-keep0.5)."""
     if name == "traditional":
@@ -181,7 +182,7 @@ def build_strategy(
     raise ValueError(
         f"unknown strategy {name!r}: choose from traditional, sb, stale-sb, sb-warmup, sb-train-mode, kath18, "
         f"composer, composer-card, uniform, uniform-for-<strategy>, topk, infobatch, sb-weighted, early-prune, "
-        f"early-coverage, early-random, "
+        f"early-coverage, early-class-budget, early-random, "
         f"followed by knobs -keep<fraction>, -n<staleness>, -r<prune ratio>, -delta<anneal delta>, -end<share>, "
         f"{', '.join(RHO_RULES)}, {', '.join(ANNEALED)}"
     )

@@ -116,6 +116,23 @@ def gather_pairs(accelerator: Accelerator, ids: torch.Tensor, losses: torch.Tens
     return rows[:, 0].to(torch.int64), rows[:, 1].to(torch.float32), mine
 
 
+def gather_labelled(accelerator: Accelerator, ids: torch.Tensor, losses: torch.Tensor, labels: torch.Tensor,
+                    failure: ValueError | None = None):
+    """`gather_pairs` with each row's class label: (ids, losses, labels) of every rank on the host, and the slice
+    that holds this rank's own rows. Labels travel in the same tensor (exact in float64), in the same waits."""
+    ids, losses, labels = ids.reshape(-1), losses.reshape(-1), labels.reshape(-1)
+    if accelerator.num_processes == 1:
+        if failure is not None:
+            raise failure
+        ids, losses, labels = to_host(ids.to(torch.int64), losses.to(torch.float32), labels.to(torch.int64))
+        return ids, losses, labels, slice(0, len(ids))
+    device = accelerator.device
+    rows = torch.stack([to_device(ids, device).double(), to_device(losses, device).double(),
+                        to_device(labels, device).double()], dim=1)
+    rows, mine = gather_rows(accelerator, rows, failure)
+    return rows[:, 0].to(torch.int64), rows[:, 1].to(torch.float32), rows[:, 2].to(torch.int64), mine
+
+
 def gather_rows(accelerator: Accelerator, rows: torch.Tensor, failure: Exception | None = None):
     """Every rank's ``rows`` (float64, shape (n, k), n differing between ranks) on the host, in rank order, and
     the slice of them that holds this rank's own. ``failure``: as `gather_pairs`'s."""

@@ -35,7 +35,7 @@ from .queue import BatchQueue
 from .reference import IrreducibleLosses, ReferencePass
 from .schedule import in_selection_window, is_interrupt_step
 from .scoring import SelectionScorer, naming_examples
-from .store import LossStore
+from .store import LabelStore, LossStore
 
 WEIGHT_KEY = "sb_weight"
 
@@ -71,6 +71,8 @@ class SelectionEngine:
         self.forwards_in_lockstep = forwards_in_lockstep
         self.queue = BatchQueue(**(padding or {}))
         self.store = LossStore()
+        #: Each example's class label, for a strategy that budgets by class (``uses_stored_labels``); else None.
+        self.labels: LabelStore | None = LabelStore() if selector.uses_stored_labels else None
         #: Irreducible loss per example id ('rholoss'): given before training (use_irreducible) or restored.
         self.irreducible: IrreducibleLosses | None = None
         self.stats = SelectionStats()
@@ -132,6 +134,8 @@ class SelectionEngine:
             # Sized once for the largest id: grown batch by batch it would be reallocated each time a
             # larger id shows up (~2.7x its final size at peak, docs/reliability.md).
             self.store = LossStore(int(ids.max()) + 1)
+        if self.labels is not None and ids is not None and len(ids) and len(self.labels) == 0:
+            self.labels = LabelStore(int(ids.max()) + 1)
 
     def set_run_length(self, epoch_based: bool, budget: BudgetPlan | None = None,
                        replan: Callable[[float], BudgetPlan] | None = None) -> None:
@@ -176,6 +180,7 @@ class SelectionEngine:
         shared = {
             "selector": self.selector.state_dict(),
             "store": self.store.state_dict(),
+            "labels": None if self.labels is None else self.labels.state_dict(),
             "epoch": self.epoch,
             "consumed": self.batches_read,
             "rows_per_batch": self.selection_batch_size,
@@ -216,6 +221,8 @@ class SelectionEngine:
         shared = state["shared"]
         self.selector.load_state_dict(shared["selector"])
         self.store.load_state_dict(shared["store"])
+        if self.labels is not None and shared.get("labels") is not None:
+            self.labels.load_state_dict(shared["labels"])
         if shared.get("irreducible") is not None:
             self.irreducible = IrreducibleLosses.from_state_dict(shared["irreducible"])
         self.epoch = shared["epoch"]
@@ -318,7 +325,10 @@ class SelectionEngine:
                 by_position, looked_up = stale_plan(self.selector, stored, generator, self.selection_batch_size)
                 self.stats.stale_lookups += looked_up
             else:
-                selection = self.selector.plan_epoch(stored, generator, epoch)
+                if self.labels is not None:
+                    selection = self.selector.plan_epoch(stored, generator, epoch, labels=self.labels.lookup(ids))
+                else:
+                    selection = self.selector.plan_epoch(stored, generator, epoch)
                 if selection is None:
                     return None
                 by_position = EpochPlan.from_selection(selection, len(ids))
@@ -709,11 +719,17 @@ class SelectionEngine:
             losses = self.observe(ids, losses)  # copied to the host with the ids, once
         return losses
 
-    def observe(self, ids: torch.Tensor, losses: torch.Tensor) -> torch.Tensor:
+    def observe(self, ids: torch.Tensor, losses: torch.Tensor, labels: torch.Tensor | None = None) -> torch.Tensor:
         """Store losses of every rank's examples, so each rank holds the same store (a collective); returns
-        this rank's ``losses`` on the host."""
+        this rank's ``losses`` on the host. ``labels``: the rows' class labels, stored too where the strategy
+        budgets by class (in the same copy and gather as the losses)."""
         failure, self._failure = self._failure, None
-        all_ids, all_losses, mine = distributed.gather_pairs(self.accelerator, ids, losses.detach(), failure)
+        if labels is not None and self.labels is not None:
+            all_ids, all_losses, all_labels, mine = distributed.gather_labelled(
+                self.accelerator, ids, losses.detach(), labels.detach(), failure)
+            self.labels.update(all_ids, all_labels)
+        else:
+            all_ids, all_losses, mine = distributed.gather_pairs(self.accelerator, ids, losses.detach(), failure)
         if self.sampler is None:  # a stream: ids size the store as they arrive
             streams.check_id_bound(all_ids, self.stats.examples_loaded, self.index_column)
         self.store.update(all_ids, all_losses, self.epoch)

@@ -79,3 +79,42 @@ class LossStore:
     def load_state_dict(self, state: dict) -> None:
         self.losses = state["losses"].clone().to(torch.float32)
         self.epochs = state["epochs"].clone().to(torch.int64)
+
+
+class LabelStore:
+    """Each example's class label (int64, -1 where none is known), indexed by id: for strategies that budget by
+    class (``Selector.uses_stored_labels``). A map-style dataset's is sized once, for its largest id; 8 bytes a
+    slot."""
+
+    def __init__(self, capacity: int = 0):
+        self.labels = torch.full((capacity,), -1, dtype=torch.int64)
+
+    def __len__(self) -> int:
+        return self.labels.numel()
+
+    def update(self, ids: torch.Tensor, labels: torch.Tensor) -> None:
+        ids = ids.detach().reshape(-1).to("cpu", torch.int64)
+        labels = labels.detach().reshape(-1).to("cpu", torch.int64)
+        if ids.numel() != labels.numel():
+            raise ValueError(f"{ids.numel()} ids for {labels.numel()} labels")
+        if ids.numel() == 0:
+            return
+        if int(ids.max()) >= len(self):
+            grown = torch.full((int(ids.max()) + 1,), -1, dtype=torch.int64)
+            grown[: len(self)] = self.labels
+            self.labels = grown
+        self.labels[ids] = labels  # an id twice in one update carries its one label twice
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """Labels for ids; -1 where none is stored."""
+        ids = ids.detach().reshape(-1).to("cpu", torch.int64)
+        known = ids < len(self)
+        labels = torch.full(ids.shape, -1, dtype=torch.int64)
+        labels[known] = self.labels[ids[known]]
+        return labels
+
+    def state_dict(self) -> dict:
+        return {"labels": self.labels.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.labels = state["labels"].clone().to(torch.int64)

@@ -18,7 +18,7 @@ import datasets
 import numpy
 
 from .files import DATA_MAP_FILE, RECORD_FILE, load_record, record_dataset
-from .pruning import kept_ids
+from .pruning import dataset_labels, kept_ids
 from .scores import AMBIGUOUS, EASY, HARD, LABEL_ISSUE_RANKINGS, PRUNE_SCORES, label_issue_order
 from .table import ExampleRecord
 
@@ -61,12 +61,16 @@ def label_issues(table: datasets.Dataset, top: int | None = None, by: str = "las
 
 
 def prune(dataset: datasets.Dataset, table: datasets.Dataset, keep: float, by: str = "mean_loss", seed: int = 0,
-          id_column: str = "index") -> datasets.Dataset:
+          id_column: str = "index", label_column: str | None = None) -> datasets.Dataset:
     """The rows of ``dataset`` a next run trains on: the share ``keep`` with the highest ``by`` in the record
-    (`PRUNE_SCORES` says what each keeps; ``"random"`` is the control of the same size)."""
+    (`PRUNE_SCORES` says what each keeps; ``"random"`` is the control of the same size). ``by="class_budget"``
+    reads each row's class from ``label_column`` (default: labels, else label)."""
     if id_column not in dataset.column_names:
         raise ValueError(f"the dataset has no {id_column!r} column to join the record on (its columns: "
                          f"{dataset.column_names})")
     ids = numpy.asarray(dataset[id_column], dtype=numpy.int64)
-    chosen = numpy.isin(ids, kept_ids(table, ids, keep, by, seed, id_column))
+    labels = None
+    if by == "class_budget":
+        labels = dataset_labels(dataset, [label_column] if label_column else (), "prune(by='class_budget')")
+    chosen = numpy.isin(ids, kept_ids(table, ids, keep, by, seed, id_column, labels))
     return dataset.select(numpy.flatnonzero(chosen))

@@ -8,6 +8,7 @@ import numpy
 import torch
 
 from ..data.noise import stream_generator
+from ..selectors.class_budget import class_budget_choice, class_labels_refusal
 from ..selectors.coverage import coverage_choice
 from .scores import PRUNE_SCORES, keep_order, prune_column
 
@@ -23,11 +24,16 @@ def check_prune_settings(keep: float, by: str) -> None:
         raise ValueError(f"by (--sb_subset_by) must be one of {', '.join(PRUNE_SCORES)}, got {by!r}")
 
 
-def kept_ids(record, dataset_ids: numpy.ndarray, keep: float, by: str, seed: int, id_column: str) -> numpy.ndarray:
+def kept_ids(record, dataset_ids: numpy.ndarray, keep: float, by: str, seed: int, id_column: str,
+             labels: numpy.ndarray | None = None) -> numpy.ndarray:
     """The ids of ``dataset_ids`` to train on: ``round(keep * len)`` of them, those with the highest ``by`` in
     ``record`` (a `datasets.Dataset` keyed by ``id_column``); ids the record never saw rank last (``by="coverage"``
-    keeps them first, as it keeps examples the first epoch did not score)."""
+    and ``"class_budget"`` keep them first, as they keep examples the first epoch did not score). ``labels``: the
+    class of each of ``dataset_ids`` (`dataset_labels`), which ``by="class_budget"`` needs."""
     check_prune_settings(keep, by)
+    if by == "class_budget" and (labels is None or len(labels) != len(dataset_ids)):
+        raise ValueError("by='class_budget' budgets the subset by class: give labels, the class of each of the "
+                         f"{len(dataset_ids)} training examples (got {'none' if labels is None else len(labels)})")
     if id_column not in record.column_names:
         raise ValueError(
             f"the record has no {id_column!r} column (its columns: {record.column_names}): it keys examples by "
@@ -57,5 +63,52 @@ def kept_ids(record, dataset_ids: numpy.ndarray, keep: float, by: str, seed: int
         logger.warning(f"{unseen} of {len(dataset_ids)} training examples are not in the record: they rank last")
     if by == "coverage":
         return numpy.sort(dataset_ids[coverage_choice(torch.from_numpy(scores), count, generator).numpy()])
+    if by == "class_budget":
+        chosen = class_budget_choice(torch.from_numpy(scores), torch.from_numpy(labels), count, generator)
+        return numpy.sort(dataset_ids[chosen.numpy()])
     order = keep_order(torch.from_numpy(scores), generator).numpy()
     return numpy.sort(dataset_ids[order[:count]])
+
+
+#: Where a training set's class labels are looked for, after the trainer's own label names.
+LABEL_COLUMNS = ("labels", "label")
+
+
+def dataset_labels(dataset, label_names=(), flag: str = "--sb_subset_by class_budget") -> numpy.ndarray:
+    """Each row's class label (int64, in row order) from a map-style training set: a `datasets.Dataset`'s label
+    column (``label_names`` first, then labels, label), an image dataset's label tensor, else each row's dict
+    read once. Refused, naming ``flag``, where they are not one integer class per row (token-level labels)."""
+    from datasets import Dataset as HFDataset
+
+    from ..data.datasets import ImageTensorDataset
+    from ..engine.indexing import IndexedDataset, _column_values
+
+    names = [*(label_names or ()), *(name for name in LABEL_COLUMNS if name not in (label_names or ()))]
+    while isinstance(dataset, IndexedDataset):
+        dataset = dataset.dataset
+    if isinstance(dataset, HFDataset):
+        column = next((name for name in names if name in dataset.column_names), None)
+        if column is None:
+            raise ValueError(f"{flag} needs each training example's class label: the training set has none of the "
+                             f"columns {names} (its columns: {dataset.column_names})")
+        try:
+            values = numpy.asarray(_column_values(dataset, column))
+        except Exception as error:  # a ragged column (a label per token) has no one array
+            raise ValueError(class_labels_refusal(flag, f"a {column!r} column that is not one value per row "
+                                                        f"({type(error).__name__})")) from error
+    elif isinstance(dataset, ImageTensorDataset):
+        values = dataset.labels.cpu().numpy()
+    else:
+        rows = (dataset[position] for position in range(len(dataset)))
+        values = []
+        for row in rows:
+            column = next((name for name in names if isinstance(row, dict) and name in row), None)
+            if column is None:
+                raise ValueError(f"{flag} needs each training example's class label: the training rows hold none "
+                                 f"of {names}")
+            value = row[column]
+            values.append(value.tolist() if torch.is_tensor(value) else value)
+        values = numpy.asarray(values) if values else numpy.zeros(0, numpy.int64)
+    if values.ndim != 1 or values.dtype.kind not in "iu":
+        raise ValueError(class_labels_refusal(flag, f"labels of dtype {values.dtype} and shape {values.shape}"))
+    return values.astype(numpy.int64)

@@ -30,10 +30,13 @@ PRUNE_SCORES = {
                     "record.label_issues ranks first are dropped first)",
     "coverage": "every level of difficulty (mean loss), after CCS (Zheng et al., ICLR 2023): the hardest tenth "
                 "dropped as likely label issues, the rest split into strata of equal width, each filled evenly",
+    "class_budget": "each class's share set by its difficulty (its winsorized mean loss), after NUCS (Zhang et al., "
+                    "2025), chosen by coverage inside each class; reads the training set's class labels",
     "random": "a uniform-random subset of the same size: the control every score must beat",
 }
 #: Scores read from another column of the record, and the sign that makes the kept examples the highest.
-_PRUNE_COLUMNS = {"label_issues": ("last_loss", -1.0), "coverage": ("mean_loss", 1.0)}
+_PRUNE_COLUMNS = {"label_issues": ("last_loss", -1.0), "coverage": ("mean_loss", 1.0),
+                  "class_budget": ("mean_loss", 1.0)}
 
 
 def prune_column(by: str) -> tuple[str, float]:

@@ -22,7 +22,7 @@ from ..engine.indexing import (
 from ..engine.packing import swapped
 from .files import load_record
 from .keeper import RecordCallback
-from .pruning import kept_ids
+from .pruning import dataset_labels, kept_ids
 from .scores import prune_column
 
 logger = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ def prepare(trainer, record) -> bool:
                 refuse_index_column_the_model_reads(trainer.model, column, trainer.label_names)
             check_ids_where_cheap(dataset, column)
         if record is not None:
-            dataset = _subset(dataset, record, args)
+            dataset = _subset(dataset, record, args, trainer.label_names)
         trainer.train_dataset = dataset
     if not keeps:
         return False
@@ -92,11 +92,12 @@ def _model_leaves_ids(trainer, column: str) -> bool:
     return True
 
 
-def _subset(dataset, record, args):
+def _subset(dataset, record, args, label_names=()):
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
         raise ValueError("--sb_subset_from keeps a share of a map-style training set: a stream has no size to share")
     ids = ids_by_position(dataset, args.sb_index_column).numpy()
-    keep = kept_ids(record, ids, args.sb_subset_keep, args.sb_subset_by, args.seed, args.sb_index_column)
+    labels = dataset_labels(dataset, label_names) if args.sb_subset_by == "class_budget" else None
+    keep = kept_ids(record, ids, args.sb_subset_keep, args.sb_subset_by, args.seed, args.sb_index_column, labels)
     positions = numpy.flatnonzero(numpy.isin(ids, keep))
     logger.info(f"--sb_subset_from: training on {len(positions):,} of {len(ids):,} examples "
                 f"({args.sb_subset_by}, keep {args.sb_subset_keep})")

@@ -64,6 +64,7 @@ def _early_prune(by: str):
 register_strategy("early_prune", _early_prune("loss"))
 register_strategy("early_coverage", _early_prune("coverage"))
 register_strategy("early_random", _early_prune("random"))
+register_strategy("early_class_budget", _early_prune("class_budget"))
 register_strategy(
     "infobatch",
     lambda args: InfoBatchSelector(

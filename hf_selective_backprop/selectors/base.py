@@ -41,6 +41,10 @@ class Selector:
     #: True for strategies that read each example's latest training-forward loss (``plan_epoch``'s
     #: ``stored_losses``), so the trainer records it even without Stale-SB.
     uses_stored_losses: bool = False
+    #: True for strategies that also read each example's class label (class budgets): the trainer then stores the
+    #: label of every example it trains beside its loss, and ``plan_epoch`` gets them as ``labels=`` (int64, -1
+    #: where none is known). Only one-class-per-example labels are stored; other labels are refused.
+    uses_stored_labels: bool = False
     #: True for strategies that rank reducible losses (loss minus the example's irreducible loss from a
     #: reference model): the engine then passes reducible losses wherever losses are passed.
     uses_reference_losses: bool = False

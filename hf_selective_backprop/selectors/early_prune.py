@@ -5,10 +5,12 @@ This prunes as Data Diet does (Paul et al., NeurIPS 2021: examples ranked by the
 the error's norm there and by the loss here, the hardest kept) without the second run: the first epoch is both the
 scoring and the start of training, so the scoring costs nothing extra. ``by="coverage"`` chooses the share by
 coverage instead of hardness (CCS, Zheng et al., ICLR 2023; coverage.py): hard-only subsets collapse at high
-pruning rates. ``by="random"`` keeps a random subset of the same size, chosen at the same point: the control the
-rankings have to beat. With ``anneal_delta`` below 1 the epochs
-from that share of the run on train everything again, as InfoBatch anneals (Qin et al., ICLR 2024): the last epochs
-see the examples the subset leaves out.
+pruning rates. ``by="class_budget"`` first gives each class a share of it set by the class's difficulty, then
+chooses by coverage inside each class (NUCS, Zhang et al., 2025; class_budget.py): it reads each example's class
+label, which the trainer stores beside its loss. ``by="random"`` keeps a random subset of the same size, chosen at
+the same point: the control the rankings have to beat. With ``anneal_delta`` below 1 the epochs from that share of
+the run on train everything again, as InfoBatch anneals (Qin et al., ICLR 2024): the last epochs see the examples
+the subset leaves out.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import math
 import torch
 
 from .base import Selection, Selector
+from .class_budget import class_budget_choice
 from .coverage import coverage_choice
 from .topk import check_keep, keep_count
 
-EARLY_PRUNE_RANKINGS = ("loss", "coverage", "random")
+EARLY_PRUNE_RANKINGS = ("loss", "coverage", "random", "class_budget")
 #: The share of ln(K) from which a classifier's mean first-epoch loss reads as an answer at chance.
 AT_CHANCE = 0.9
 
@@ -31,8 +34,10 @@ logger = logging.getLogger(__name__)
 
 class EarlyPruneSelector(Selector):
     """Keeps every example until a plan sees stored losses; then, once, the ``keep`` share with the highest latest
-    training-forward loss (``by="loss"``), a coverage-centric share over those losses (``by="coverage"``) or a
-    random share of that size (``by="random"``), for every later epoch.
+    training-forward loss (``by="loss"``), a coverage-centric share over those losses (``by="coverage"``), that
+    share budgeted class by class by the classes' difficulty (``by="class_budget"``: it reads each example's
+    stored class label, ``uses_stored_labels``) or a random share of that size (``by="random"``), for every later
+    epoch.
 
     The scores are the losses the trainer stores for every trained example (``uses_stored_losses``), so there is no
     selection forward. Examples the first epoch did not train (no stored loss) rank first: nothing says they are
@@ -57,6 +62,8 @@ class EarlyPruneSelector(Selector):
         self.anneal_delta = anneal_delta
         self.keep = check_keep(keep)
         self.by = by
+        #: Class budgets read each example's class label, which the trainer then stores beside its loss.
+        self.uses_stored_labels = by == "class_budget"
         self.num_epochs = num_epochs
         self.full_epochs = full_epochs
         #: Positions trained in every epoch after the choice; None until stored losses are seen.
@@ -75,18 +82,26 @@ class EarlyPruneSelector(Selector):
                 self.num_epochs,
             )
 
-    def plan_epoch(self, stored_losses: torch.Tensor, generator: torch.Generator, epoch: int) -> Selection | None:
+    def plan_epoch(self, stored_losses: torch.Tensor, generator: torch.Generator, epoch: int,
+                   labels: torch.Tensor | None = None) -> Selection | None:
+        """``labels``: each example's stored class label (-1 where none), which ``by="class_budget"`` needs."""
         if self.kept is None:
             if not bool(torch.isfinite(stored_losses).any()):
                 return None
-            self.kept = self._choose(stored_losses, generator)
+            self.kept = self._choose(stored_losses, generator, labels)
         if epoch >= self.anneal_delta * self.num_epochs:
             return None  # annealing: no plan trains every row loaded
         return Selection(self.kept)
 
-    def _choose(self, stored_losses: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    def _choose(self, stored_losses: torch.Tensor, generator: torch.Generator,
+                labels: torch.Tensor | None) -> torch.Tensor:
         self._warn_if_ranked_at_chance(stored_losses)
         count = keep_count(self.keep, stored_losses.numel())
+        if self.by == "class_budget":
+            if labels is None:
+                raise ValueError("by='class_budget' budgets the kept share by class: plan_epoch needs labels=, each "
+                                 "example's class label (-1 where none is known)")
+            return class_budget_choice(stored_losses, labels, count, generator)
         if self.by == "random":
             order = torch.randperm(stored_losses.numel(), generator=generator)
         elif self.by == "coverage":

@@ -7,6 +7,7 @@ script, image or text, that has those figures at hand.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -94,7 +95,8 @@ def render_model_card(
 ) -> Path:
     """Write the Selective-Backprop card as ``README.md`` into ``output_dir`` and return its path.
 
-    ``args`` is the training-arguments object: every non-callable ``sb_*`` attribute is listed.
+    ``args`` is the training-arguments object: the strategy and every ``sb_*`` setting given another value than its
+    default are listed (`applied_settings`), a local path by its last component only.
     ``stats`` holds run totals (keys in `STATS_KEYS`, as in ``sb_stats.json``); missing ones read
     "n/a". ``task`` is the pipeline tag (one of `TASKS`). ``dataset`` may be a name, a Hub id or a
     local folder: only a Hub id reaches the card (see `hub_dataset_id`); so does ``base_model``
@@ -149,7 +151,8 @@ def render_model_card(
         reference_model=_reference_model(args),
         budget=getattr(args, "sb_budget", None),
         cost_phi=_phi(stats),
-        sb_settings={name: _cell(value) for name, value in sb_settings(args).items()},
+        sb_settings={name: _cell(value) for name, value in applied_settings(args).items()},
+        selection_forward=bool(stats.get("selection_forwards")),
         hyperparameters=dict(hyperparameters or {}),
         eval_table=_markdown_table(eval_lines),
         versions={**_versions(), **(library_versions or {})},
@@ -294,12 +297,29 @@ def sb_settings(args: object) -> dict[str, object]:
     return {name: value for name, value in settings.items() if not callable(value)}
 
 
+def applied_settings(args: object) -> dict[str, object]:
+    """The strategy and the ``sb_*`` settings that differ from their defaults, as the card publishes them: a local
+    path (``--sb_subset_from``, ``--sb_reference_model``) by its last component, never the machine's path."""
+    settings = sb_settings(args)
+    if dataclasses.is_dataclass(args):  # fields only: properties derived from them (sb_keep_fraction) are not
+        defaults = {field.name: field.default for field in dataclasses.fields(args)}
+        settings = {name: value for name, value in settings.items()
+                    if name in defaults and (name == "sb_strategy" or value != defaults[name])}
+    return {name: _without_local_path(value) for name, value in settings.items()}
+
+
+def _without_local_path(value: object) -> object:
+    if isinstance(value, str | os.PathLike) and (os.path.isabs(value) or os.path.exists(value)):
+        return Path(value).name
+    return value
+
+
 def _reference_model(args) -> str | None:
     """What gave a 'rholoss' run its irreducible losses, for the card."""
     if getattr(args, "sb_strategy", None) != "rholoss":
         return None
     if args.sb_reference_model is not None:
-        return f"`{args.sb_reference_model}`"
+        return f"`{_without_local_path(args.sb_reference_model)}`"
     if args.sb_reference_column is not None:
         return f"column `{args.sb_reference_column}` of the training data"
     return "a reference model passed to the trainer"

@@ -36,8 +36,10 @@ def test_template_ships_in_the_package_and_model_cards_shows_the_same_file():
     assert (ROOT / "model_cards" / "selective_backprop.md").resolve() == TEMPLATE_PATH.resolve()
 
 
-def test_card_lists_every_sb_setting_accuracy_and_savings(tmp_path):
-    args = SelectiveBackpropConfig(output_dir=str(tmp_path / "run"), num_train_epochs=3, report_to="none")
+def test_card_lists_the_settings_that_applied_accuracy_and_savings(tmp_path):
+    args = SelectiveBackpropConfig(output_dir=str(tmp_path / "run"), num_train_epochs=3, report_to="none",
+                                   sb_strategy="sb", sb_keep=0.5, sb_subset_from=str(tmp_path / "first-run"),
+                                   sb_subset_keep=0.7)
     path = render_model_card(
         tmp_path / "run",
         args,
@@ -53,14 +55,17 @@ def test_card_lists_every_sb_setting_accuracy_and_savings(tmp_path):
     )
     text = path.read_text()
     assert path.name == "README.md"
-    settings = sb_settings(args)
-    assert "sb_strategy" in settings and len(settings) > 5
-    for name, value in settings.items():
+    applied = {"sb_strategy": "sb", "sb_keep": 0.5, "sb_subset_from": "first-run", "sb_subset_keep": 0.7}
+    for name, value in applied.items():
         assert f"| `{name}` | `{value}` |" in text
+    untouched = [name for name in sb_settings(args) if name not in applied]
+    assert len(untouched) > 20 and not [name for name in untouched if f"| `{name}` |" in text]
+    assert str(tmp_path) not in text  # a local path never reaches a card that is pushed
     assert f"Strategy: `{args.sb_strategy}`" in text
     assert "| accuracy (test) | 91.23 % |" in text
     assert "| backward passes vs a full pass | 33.33 % of 150,000 |" in text
     assert "| selection forwards (examples) | 150,000 |" in text
+    assert "every batch is\nfirst scored with a forward pass" in text
     assert "| kept fraction | 33.33 % |" in text
     assert "| training wall time (s) | 412.50 |" in text
     assert "- learning_rate: 0.1" in text
@@ -190,3 +195,12 @@ def test_plain_run_card_takes_its_savings_from_the_trainer_state(tmp_path):
     assert "without selection: the traditional baseline" in text
     assert f"| optimizer steps | {trainer.state.global_step} |" in text
     assert ModelCard.load(tmp_path / "plain" / "README.md").data.datasets == ["ylecun/mnist"]
+
+
+def test_a_strategy_without_selection_forwards_is_not_described_as_scoring_every_batch(tmp_path):
+    args = SelectiveBackpropConfig(output_dir=str(tmp_path / "run"), report_to="none", sb_strategy="early_prune",
+                                   sb_keep=0.5)
+    text = render_model_card(tmp_path / "run", args, architecture="resnet18",
+                             stats={**STATS, "selection_forwards": 0}).read_text()
+    assert "so no selection forward ran" in text and "first scored with a forward pass" not in text
+    assert "`early_prune` strategy" in text

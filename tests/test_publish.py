@@ -166,3 +166,20 @@ def test_train_script_pushes_the_card_and_checkpoints_only_when_asked(tmp_path, 
         (repo / path).parent.mkdir(parents=True, exist_ok=True)
         (repo / path).write_bytes(content)
     assert AutoModelForImageClassification.from_pretrained(repo).config.architecture == "resnet18"
+
+
+def test_the_card_of_a_subset_run_from_a_local_record_holds_no_local_path(tmp_path, hub):
+    model, tokenizer, data = tiny_text_classifier(tmp_path)
+    common = dict(per_device_train_batch_size=8, num_train_epochs=2, use_cpu=True, report_to="none",
+                  disable_tqdm=True, save_strategy="no", seed=0)
+    first = SelectiveBackpropConfig(output_dir=str(tmp_path / "first"), sb_strategy="none", **common)
+    SelectiveBackpropTrainer(model=model, args=first, train_dataset=data, processing_class=tokenizer).train()
+    model, tokenizer, data = tiny_text_classifier(tmp_path)
+    args = SelectiveBackpropConfig(output_dir=str(tmp_path / "subset"), sb_subset_from=str(tmp_path / "first"),
+                                   sb_subset_keep=0.5, hub_model_id="you/tiny-subset", **common)
+    trainer = SelectiveBackpropTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer)
+    trainer.train()
+    trainer.push_to_hub()
+    card_text = hub.card(hub.uploads[-1])
+    assert str(tmp_path) not in card_text
+    assert "| `sb_subset_from` | `first` |" in card_text and "Strategy: `none`" in card_text

@@ -461,7 +461,7 @@ class SelectiveBackpropMixin:
             self.sb_stats = finish_plain_run(self, output.metrics)
         written = None
         if self.record_keeper is not None:
-            written = self.record_keeper.write(self.args.output_dir, self.args.should_save)
+            written = self.record_keeper.write(self.args.output_dir, self.args.should_save, self.train_dataset)
         if written is None and self.args.should_save:
             record_files.set_aside_previous(self.args.output_dir)
         return output

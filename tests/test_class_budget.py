@@ -15,7 +15,9 @@ from transformers import TrainerCallback
 
 from hf_selective_backprop import SelectiveBackpropTrainer, record
 from hf_selective_backprop.data.noise import stream_generator
+from hf_selective_backprop.record.files import write_record
 from hf_selective_backprop.record.pruning import _SUBSET_STREAM, dataset_labels, kept_ids
+from hf_selective_backprop.record.table import SCORED, ExampleRecord
 from hf_selective_backprop.selectors import EarlyPruneSelector, keep_count
 from hf_selective_backprop.selectors.class_budget import (
     class_budget_choice,
@@ -251,7 +253,9 @@ def test_sb_subset_by_class_budget_trains_on_the_functions_choice(tmp_path):
     labels = torch.tensor(data["labels"])
     scores = torch.rand(n, generator=torch.Generator().manual_seed(0)) * (1 + labels)
     path = str(tmp_path / "record.parquet")
-    Dataset.from_dict({"index": list(range(n)), "mean_loss": scores.tolist()}).to_parquet(path)
+    table = ExampleRecord()
+    table.apply(torch.arange(n), scores, torch.tensor([SCORED] * n), torch.zeros(n))
+    write_record(table, path, "index")
     trainer = SelectiveBackpropTrainer(model=TinyClassifier(), train_dataset=data, args=make_config(
         str(tmp_path / "out"), sb_strategy="none", sb_subset_from=path, sb_subset_keep=0.25,
         sb_subset_by="class_budget"))

@@ -23,7 +23,7 @@ from hf_selective_backprop.record.table import SCORED, TRAINED, ExampleRecord
 STRATEGIES = dict(
     none={}, sb={}, stale_sb=dict(sb_strategy="sb", sb_staleness=2), topk={}, composer=dict(sb_keep=0.5),
     kath18={}, uniform={}, infobatch={}, early_prune=dict(sb_keep=0.5), early_coverage=dict(sb_keep=0.5),
-    early_random=dict(sb_keep=0.5),
+    early_random=dict(sb_keep=0.5), early_class_budget=dict(sb_keep=0.5),
 )
 
 
@@ -337,8 +337,9 @@ def test_label_issue_candidates_rank_flipped_labels_first(output_dir):
         assert values == sorted(values), by
     default = record.label_issues(table, top=len(flipped))
     assert default["index"] == record.label_issues(table, top=len(flipped), by="last_loss")["index"]
-    hard = record.label_issues(table)
-    assert set(hard["region"]) == {record.HARD}
+    flagged = record.label_issues(table)  # not learned at the last scoring: p(gold) = exp(-loss) < 1/2
+    assert flagged["index"] == record.label_issues(table, top=len(table))["index"][: len(flagged)]
+    assert len(flagged) == sum(loss > math.log(2) for loss in table["last_loss"])
 
 
 def test_label_issues_rank_by_mean_loss_or_by_confidence_and_put_unscored_rows_last():
@@ -365,11 +366,12 @@ def _a_record(scores):
 @pytest.mark.parametrize("by", ["random", "confidence"])
 def test_a_subset_drawn_with_the_label_noises_seed_holds_the_noise_at_its_rate(by):
     # One seed for the flips and the subset: a draw retracing the flips' permutation keeps every flipped label
-    # (a share of 0.25 in a random 80 % of 20 % noise). 'confidence' ties everywhere: its tie-break is that draw.
+    # (a share of 0.25 in a random 80 % of 20 % noise). 'confidence' ties everywhere but at one row (a score tied
+    # everywhere is refused): its tie-break is that draw.
     count = 2000
     _, flipped = flip_labels(torch.zeros(count, dtype=torch.long), 0.2, 10, seed=0)
     ids = numpy.arange(count)
-    table = Dataset.from_dict({"index": ids.tolist(), "confidence": [0.5] * count})
+    table = Dataset.from_dict({"index": ids.tolist(), "confidence": [0.6] + [0.5] * (count - 1)})
     kept = kept_ids(table, ids, 0.8, by, seed=0, id_column="index")
     assert len(kept) == 1600 and abs(numpy.isin(kept, flipped.numpy()).mean() - 0.2) < 0.03
 
@@ -425,8 +427,13 @@ def test_bad_subset_flags_are_refused_before_training_naming_the_flag(output_dir
 
 
 def test_a_record_of_another_id_column_is_refused_naming_the_columns(tmp_path):
+    from hf_selective_backprop.record.files import write_record
+    from hf_selective_backprop.record.table import SCORED, ExampleRecord
+
     path = str(tmp_path / "other.parquet")
-    Dataset.from_dict({"idx": [0, 1], "mean_loss": [0.1, 0.2]}).to_parquet(path)
+    keyed_by_idx = ExampleRecord()
+    keyed_by_idx.apply(torch.tensor([0, 1]), torch.tensor([0.1, 0.2]), torch.tensor([SCORED] * 2), torch.zeros(2))
+    write_record(keyed_by_idx, path, "idx")
     args = make_config(str(tmp_path / "run"), sb_strategy="none", sb_subset_from=path, sb_subset_keep=0.5,
                        sb_subset_by="mean_loss")
     with pytest.raises(ValueError, match="has no \\['index'\\] column"):

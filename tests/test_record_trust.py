@@ -93,3 +93,261 @@ def test_bad_ids_under_the_record_are_refused_before_the_first_step(output_dir, 
     args = make_config(output_dir, sb_strategy=strategy)
     with pytest.raises(ValueError, match=f"--sb_index_column 'index' holds {message}"):
         SelectiveBackpropTrainer(model=TinyClassifier(), args=args, train_dataset=_with_ids(ids))
+
+
+# ---- reading a record: what the record functions and --sb_subset_from refuse, naming the argument or flag ----
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A run's output folder holding its record: 2 epochs on make_dataset()'s 256 rows, ids by position."""
+    output_dir = str(tmp_path_factory.mktemp("recorded") / "run")
+    _train(output_dir)
+    return output_dir
+
+
+@pytest.fixture(scope="module")
+def one_epoch(tmp_path_factory):
+    output_dir = str(tmp_path_factory.mktemp("one_epoch") / "run")
+    _train(output_dir, num_train_epochs=1)
+    return output_dir
+
+
+def _subset_trainer(output_dir, source, dataset=None, model=None, **flags):
+    args = make_config(output_dir, sb_strategy="none", sb_subset_from=source, **{"sb_subset_keep": 0.5, **flags})
+    return SelectiveBackpropTrainer(model=model or TinyClassifier(), args=args,
+                                    train_dataset=dataset if dataset is not None else make_dataset())
+
+
+def _no_hub(monkeypatch):
+    import huggingface_hub
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a path was sent to the Hub")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", refuse)
+
+
+@pytest.mark.parametrize("source", ["./no/such/run", "no/such/run", "/no/such/run", "runs/missing.parquet"])
+def test_a_missing_path_is_said_not_to_exist_and_never_sent_to_the_hub(monkeypatch, output_dir, source):
+    _no_hub(monkeypatch)
+    with pytest.raises(FileNotFoundError, match=f"{source} does not exist"):
+        record.load_record(source)
+    with pytest.raises(FileNotFoundError, match=f"{source} does not exist"):
+        record.prune(make_dataset(with_index=True), source, keep=0.5)
+    with pytest.raises(ValueError, match=f"--sb_subset_from '{source}': .* does not exist"):
+        _subset_trainer(output_dir, source)
+
+
+def test_a_hub_id_that_cannot_be_read_says_it_is_neither_a_local_path_nor_a_readable_repository(monkeypatch):
+    import huggingface_hub
+
+    def not_found(*args, **kwargs):
+        raise OSError("404: no such repository")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", not_found)
+    with pytest.raises(FileNotFoundError, match="you/missing is no local file or folder, and no example_record.parquet "
+                                                "could be read from a Hub repository of that name .*404"):
+        record.load_record("you/missing")
+
+
+def test_a_parquet_that_is_not_a_record_is_refused_naming_the_missing_columns(tmp_path):
+    from datasets import Dataset
+
+    path = str(tmp_path / "other.parquet")
+    Dataset.from_dict({"idx": [0, 1], "mean_loss": [0.1, 0.2]}).to_parquet(path)
+    with pytest.raises(ValueError, match=r"other.parquet has no \['times_scored', .*'region'\] column\(s\), which an "
+                                         "example record holds"):
+        record.load_record(path)
+    (tmp_path / "text.parquet").write_text("not a table")
+    with pytest.raises(ValueError, match="text.parquet is not a parquet table"):
+        record.load_record(str(tmp_path / "text.parquet"))
+
+
+def _rewritten(recorded, tmp_path, change, keep_metadata=True):
+    """The recorded run's table, passed through ``change`` (a pyarrow.Table to pyarrow.Table), written apart."""
+    import pyarrow.parquet
+
+    table = pyarrow.parquet.read_table(os.path.join(recorded, record.RECORD_FILE))
+    if not keep_metadata:  # as an earlier version wrote it: datasets' own entry only
+        table = table.replace_schema_metadata({b"huggingface": table.schema.metadata[b"huggingface"]})
+    path = str(tmp_path / "changed.parquet")
+    pyarrow.parquet.write_table(change(table), path)
+    return path
+
+
+def test_a_record_of_no_row_is_refused_as_holding_no_example(recorded, tmp_path):
+    from datasets import Dataset
+
+    path = _rewritten(recorded, tmp_path, lambda table: table.slice(0, 0))
+    with pytest.raises(ValueError, match="changed.parquet holds no example"):
+        record.load_record(path)
+    empty = Dataset.from_dict({"index": [], "last_loss": []})
+    with pytest.raises(ValueError, match="table holds no example"):
+        record.label_issues(empty)
+
+
+def test_a_record_with_an_id_twice_is_refused_naming_the_id_column_and_the_id(recorded, tmp_path):
+    import pyarrow
+    from datasets import Dataset
+
+    path = _rewritten(recorded, tmp_path, lambda table: pyarrow.concat_tables([table, table.slice(5, 1)]))
+    with pytest.raises(ValueError, match=r"holds 1 duplicate ids in its 'index' column \(e.g. 5, 2 times\)"):
+        record.load_record(path)
+    twice = Dataset.from_dict({"index": [0, 1, 1], "mean_loss": [0.1, 0.2, 0.3]})
+    with pytest.raises(ValueError, match=r"the record holds 1 duplicate ids in its 'index' column \(e.g. 1"):
+        record.prune(make_dataset(3, with_index=True), twice, keep=1.0)
+
+
+def test_the_record_holds_a_fingerprint_of_its_data_and_passes_on_that_data_its_subsets_and_moved_rows_with_ids(
+        recorded):
+    from hf_selective_backprop.record.files import record_metadata
+
+    table = record.load_record(recorded)
+    saved = record_metadata(table)
+    assert saved["id_column"] == "index" and saved["data"]["column"] == "labels"
+    assert saved["data"]["examples"] == 256 and len(saved["data"]["labels"]) == 64
+    data = make_dataset(with_index=True)
+    assert len(record.prune(data, table, keep=0.5)) == 128
+    assert len(record.prune(data.shuffle(seed=0), table, keep=0.5)) == 128  # rows moved with their ids
+    assert len(record.prune(data.select(range(100)), table, keep=0.5)) == 50  # a subset of that data
+
+
+@pytest.mark.parametrize("other", ["another_dataset", "moved_rows"])
+def test_a_record_used_on_other_data_is_refused_naming_the_mismatch(recorded, output_dir, other):
+    # Ids by position: any dataset of 256 rows joins the record on ids 0..255, whatever its rows are.
+    data = make_dataset(seed=1) if other == "another_dataset" else make_dataset().shuffle(seed=0)
+    message = (r"the record was written on other data: \d+ of the 64 examples its fingerprint samples hold another "
+               r"'labels' here \(ids \[.*\]\); it was written on 256 examples, this dataset has 256")
+    with pytest.raises(ValueError, match=f"--sb_subset_from '{recorded}': {message}"):
+        _subset_trainer(output_dir, recorded, dataset=data)
+    with pytest.raises(ValueError, match=message):
+        record.prune(data.add_column("index", list(range(256))), record.load_record(recorded), keep=0.5)
+
+
+def test_a_record_without_a_fingerprint_warns_and_is_used(recorded, tmp_path, caplog):
+    path = _rewritten(recorded, tmp_path, lambda table: table, keep_metadata=False)
+    trainer = _subset_trainer(str(tmp_path / "run"), path)
+    assert len(trainer.train_dataset) == 128
+    assert "the record holds no fingerprint of the data it was written on" in caplog.text
+
+
+@pytest.mark.parametrize("score", ["variability", "forgetting_events"])
+def test_a_score_with_one_value_everywhere_is_refused_naming_it(one_epoch, output_dir, score):
+    # One epoch scores each example once: no spread, no forgetting; the 'highest' would be a random subset.
+    message = (f"by \\(--sb_subset_by\\) '{score}': the record's '{score}' is 0 for every example, so the subset it "
+               "keeps would be a random one: choose a score that varies \\(e.g. --sb_subset_by mean_loss\\), or "
+               "record more epochs")
+    with pytest.raises(ValueError, match=message):
+        _subset_trainer(output_dir, one_epoch, sb_subset_by=score)
+    with pytest.raises(ValueError, match=message):
+        record.prune(make_dataset(with_index=True), one_epoch, keep=0.5, by=score)
+
+
+def test_a_score_never_measured_is_refused_naming_it():
+    from datasets import Dataset
+
+    table = Dataset.from_dict({"index": [0, 1, 2], "mean_loss": [float("nan")] * 3})
+    with pytest.raises(ValueError, match="the record's 'mean_loss' is NaN \\(never measured\\) for every example"):
+        record.prune(make_dataset(3, with_index=True), table, keep=1.0)
+
+
+def test_a_subset_of_one_example_is_refused_naming_the_keep(recorded, output_dir):
+    message = "keeps 1 of 256 examples: a subset needs at least 2"
+    with pytest.raises(ValueError, match=f"keep \\(--sb_subset_keep\\) 0.004 {message}"):
+        _subset_trainer(output_dir, recorded, model=TinyClassifier(batch_norm=True), sb_subset_keep=0.004)
+    with pytest.raises(ValueError, match=f"keep \\(--sb_subset_keep\\) 0.004 {message}"):
+        record.prune(make_dataset(with_index=True), recorded, keep=0.004)
+
+
+def _wrong_arguments(recorded, tmp_path):
+    table, data = record.load_record(recorded), make_dataset(with_index=True)
+    frame = "got a pandas.DataFrame: datasets.Dataset.from_pandas"
+    return [
+        (lambda: record.prune(data, table.to_pandas(), 0.5), TypeError, f"table must be the record as a .*{frame}"),
+        (lambda: record.prune(data.to_pandas(), table, 0.5), TypeError, f"dataset must be .*{frame}"),
+        (lambda: record.prune(data, table, "0.5"), TypeError, r"keep \(--sb_subset_keep\) must be a number"),
+        (lambda: record.prune(data, table, True), TypeError, r"keep \(--sb_subset_keep\) must be a number"),
+        (lambda: record.prune(data, table, 0.5, by=None), TypeError, r"by \(--sb_subset_by\) must be a string"),
+        (lambda: record.prune(data, table, 0.5, seed="1"), TypeError, "seed must be an integer"),
+        (lambda: record.prune(data, table, 0.5, id_column=0), TypeError, "id_column must be the name"),
+        (lambda: record.label_issues(table, top="10"), TypeError, "top must be None or a positive integer"),
+        (lambda: record.label_issues(table, top=-1), ValueError, "top must be a positive number of rows"),
+        (lambda: record.label_issues(table, top=0), ValueError, "top must be a positive number of rows"),
+        (lambda: record.label_issues(table, by=3), TypeError, "by must be a string, one of mean_loss"),
+        (lambda: record.label_issues(table.to_pandas()), TypeError, f"table must be .*{frame}"),
+        (lambda: record.load_record(3), TypeError, "source must be a path"),
+        (lambda: record.load_record(recorded, revision=1), TypeError, "revision must be None or a Hub revision"),
+        (lambda: record.data_map(table, 3), TypeError, "path must be where to write the figure"),
+        (lambda: record.data_map(table, str(tmp_path / "m.png"), title=1), TypeError, "title must be None or a str"),
+        (lambda: record.record_dataset("run"), TypeError, "record must be an ExampleRecord"),
+    ]
+
+
+def test_wrong_arguments_to_the_record_functions_are_named(recorded, tmp_path):
+    for call, error, message in _wrong_arguments(recorded, tmp_path):
+        with pytest.raises(error, match=message):
+            call()
+    # A table may be given as where load_record reads it.
+    assert len(record.prune(make_dataset(with_index=True), Path(recorded), keep=0.5)) == 128
+
+
+def _disagreeing_record():
+    from datasets import Dataset
+
+    nan = float("nan")
+    # Row 0: unlearned at its last scoring only; 1: in the hard-to-learn corner; 2: ambiguous, low confidence;
+    # 3: learned by every score; 4: never scored.
+    return Dataset.from_dict({
+        "index": [0, 1, 2, 3, 4], "last_loss": [2.0, 0.1, 1.0, 0.2, nan], "mean_loss": [0.3, 1.5, 1.0, 0.2, nan],
+        "confidence": [0.70, 0.30, 0.40, 0.85, nan], "variability": [0.0, 0.0, 0.3, 0.0, nan],
+        "aum": [1.0, -0.5, 0.2, 2.0, nan],
+        "region": [record.EASY, record.HARD, record.AMBIGUOUS, record.EASY, None],
+    })
+
+
+@pytest.mark.parametrize(("by", "flagged"), [
+    ("last_loss", [0, 2]), ("mean_loss", [1, 2]), ("confidence", [1, 2]), ("aum", [1]),
+])
+def test_label_issues_flag_by_the_chosen_score_and_top_is_the_first_rows_of_the_same_list(by, flagged):
+    table = _disagreeing_record()
+    issues = record.label_issues(table, by=by)
+    assert issues["index"] == flagged and issues["label_issue_rank"] == list(range(len(flagged)))
+    for top in range(1, len(table) + 1):
+        first = record.label_issues(table, top=top, by=by)
+        assert first["index"][: len(flagged)] == flagged[:top]
+        assert first["label_issue_rank"] == list(range(top))
+
+
+def test_an_example_whose_every_loss_was_non_finite_keeps_its_row_and_count():
+    import torch
+
+    from hf_selective_backprop.record.scores import RECORD_COLUMNS
+    from hf_selective_backprop.record.table import SCORED, ExampleRecord
+
+    kept = ExampleRecord()
+    kept.apply(torch.tensor([0, 1, 0]), torch.tensor([float("nan"), 0.5, float("inf")]), torch.tensor([SCORED] * 3),
+               torch.tensor([0, 0, 1]))
+    table = record.record_dataset(kept, "index")
+    assert table.column_names == ["index", *RECORD_COLUMNS]
+    assert table["index"] == [0, 1] and table["nonfinite_losses"] == [2, 0] and table["times_scored"] == [0, 1]
+    assert table["region"][0] is None
+
+
+def test_an_image_datasets_fingerprint_reads_its_label_tensor_through_a_subset_without_loading_rows():
+    import numpy
+    import torch
+    from tiny import make_image_dataset
+
+    from hf_selective_backprop.record.fingerprint import check_same_data, data_fingerprint
+
+    images = make_image_dataset(200)
+    images.__getitems__ = None  # loading a row would augment it, drawing from the dataset's generator
+    subset = torch.utils.data.Subset(images, list(range(50, 200)))
+    saved = data_fingerprint(subset, "index")
+    assert saved["column"] == "labels" and saved["examples"] == 150 and min(map(int, saved["labels"])) == 50
+    check_same_data(saved, images, numpy.arange(200), "here")  # the full set holds the subset's examples as they were
+    moved = make_image_dataset(200)
+    moved.labels = moved.labels.roll(1)  # ids by position over other rows
+    with pytest.raises(ValueError, match="here: the record was written on other data"):
+        check_same_data(saved, moved, numpy.arange(200), "here")

@@ -8,18 +8,30 @@ model. This module reads it back and answers the three questions it is for::
 
     table = record.load_record("outputs/run")            # or a Hub repository id
     record.data_map(table, "data_map.png")                # confidence against variability, regions named
-    suspects = record.label_issues(table)                 # likeliest mislabeled examples first
+    suspects = record.label_issues(table)                 # the rows the last loss flags, likeliest first
     subset = record.prune(train_dataset, table, keep=0.7, by="mean_loss")  # the next run's training set
 """
 
 from __future__ import annotations
 
+import os
+
 import datasets
 import numpy
 
-from .files import DATA_MAP_FILE, RECORD_FILE, load_record, record_dataset
-from .pruning import dataset_labels, kept_ids
-from .scores import AMBIGUOUS, EASY, HARD, LABEL_ISSUE_RANKINGS, PRUNE_SCORES, label_issue_order
+from .checks import check_choice, check_columns, check_top, require_type
+from .files import DATA_MAP_FILE, RECORD_FILE, as_record, load_record, record_dataset, record_metadata
+from .fingerprint import check_same_data
+from .pruning import check_prune_settings, dataset_labels, kept_ids
+from .scores import (
+    AMBIGUOUS,
+    EASY,
+    HARD,
+    LABEL_ISSUE_RANKINGS,
+    PRUNE_SCORES,
+    label_issue_flags,
+    label_issue_order,
+)
 from .table import ExampleRecord
 
 __all__ = [
@@ -28,47 +40,68 @@ __all__ = [
 ]
 
 
-def data_map(table: datasets.Dataset, path: str, title: str | None = None) -> dict[str, int]:
-    """Draw the record's data map into ``path`` (PNG; needs matplotlib); returns the examples in each region."""
+def data_map(table: datasets.Dataset | str, path: str | os.PathLike, title: str | None = None) -> dict[str, int]:
+    """Draw the record's data map into ``path`` (PNG; needs matplotlib); returns the examples in each region.
+    ``table``: the record, or where `load_record` reads it."""
     from .figure import draw_data_map
 
-    return draw_data_map(table, path, title)
+    table = as_record(table)
+    require_type(path, str | os.PathLike, "path", "where to write the figure (a .png or .pdf path)")
+    require_type(title, str | type(None), "title", "None or a string")
+    check_columns(table.column_names, ("confidence", "variability", "correctness", "region"), "table",
+                  "the data map draws")
+    return draw_data_map(table, os.fspath(path), title)
 
 
-def label_issues(table: datasets.Dataset, top: int | None = None, by: str = "last_loss") -> datasets.Dataset:
-    """The record's rows ranked from likeliest label issue, with their rank in ``label_issue_rank``: the ``top``
-    first, or (``top=None``) those of the hard-to-learn region. ``by``: one of `LABEL_ISSUE_RANKINGS`; the last
-    loss ranked flipped labels above the mean confidence in every measured run (docs/benchmarks/benchmarks.md)."""
+def label_issues(table: datasets.Dataset | str, top: int | None = None, by: str = "last_loss") -> datasets.Dataset:
+    """The rows ``by`` flags as likely label issues, likeliest first, their rank in ``label_issue_rank`` (0, 1,
+    ...): those whose ``by`` says the model did not learn them (`scores.label_issue_flags`: p(gold) under 1/2 at
+    the last scoring, by the mean loss or by the mean confidence; a negative aum). ``top=K``: the first K rows of
+    the same ranking, which go on past the flagged ones when K is larger (unscored rows last). ``by``: one of
+    `LABEL_ISSUE_RANKINGS`; the last loss ranked flipped labels above the mean confidence in every measured run
+    (docs/benchmarks/benchmarks.md). ``table``: the record, or where `load_record` reads it."""
+    table = as_record(table)
+    check_top(top)
+    check_choice(by, LABEL_ISSUE_RANKINGS, "by")
+    columns = _ranking_columns(table, by)
+    order = label_issue_order(columns, by).numpy()
+    chosen = order[: top if top is not None else int(label_issue_flags(columns, by).sum())]
+    return table.select(chosen).add_column("label_issue_rank", list(range(len(chosen))))
+
+
+def _ranking_columns(table: datasets.Dataset, by: str) -> dict:
     import torch
 
-    if by not in LABEL_ISSUE_RANKINGS:
-        raise ValueError(f"by must be one of {', '.join(LABEL_ISSUE_RANKINGS)}, got {by!r}")
-    needed = {"confidence", "variability"} if by == "confidence" else {by}
-    missing = sorted(needed - set(table.column_names))
+    needed = ("confidence", "variability") if by == "confidence" else (by,)
+    missing = [name for name in needed if name not in table.column_names]
     if missing:
         raise ValueError(f"by={by!r} reads the record's {missing} column, which this record lacks (it was written "
                          "by an earlier version of hf-selective-backprop): rank it by another of "
                          f"{', '.join(name for name in LABEL_ISSUE_RANKINGS if name != by)}")
-    if by == "aum" and numpy.isnan(numpy.asarray(table["aum"], dtype=float)).all():
+    columns = {name: torch.tensor(numpy.asarray(table[name], dtype=float)) for name in needed}
+    if by == "aum" and bool(columns["aum"].isnan().all()):
         raise ValueError("by='aum' needs margins, and this record has none: its run's loss was not single-label "
                          "classification (or a custom per_example_loss_func)")
-    columns = {name: torch.tensor(numpy.asarray(table[name], dtype=float)) for name in needed}
-    order = label_issue_order(columns, by).numpy()
-    ranked = table.select(order).add_column("label_issue_rank", list(range(len(order))))
-    if top is not None:
-        return ranked.select(range(min(top, len(ranked))))
-    return ranked.filter(lambda region: region == HARD, input_columns="region")
+    return columns
 
 
-def prune(dataset: datasets.Dataset, table: datasets.Dataset, keep: float, by: str = "mean_loss", seed: int = 0,
-          id_column: str = "index", label_column: str | None = None) -> datasets.Dataset:
+def prune(dataset: datasets.Dataset, table: datasets.Dataset | str, keep: float, by: str = "mean_loss",
+          seed: int = 0, id_column: str = "index", label_column: str | None = None) -> datasets.Dataset:
     """The rows of ``dataset`` a next run trains on: the share ``keep`` with the highest ``by`` in the record
-    (`PRUNE_SCORES` says what each keeps; ``"random"`` is the control of the same size). ``by="class_budget"``
-    reads each row's class from ``label_column`` (default: labels, else label)."""
+    ``table`` (or where `load_record` reads it); `PRUNE_SCORES` says what each keeps, ``"random"`` is the control
+    of the same size; ``by="class_budget"`` reads each row's class from ``label_column`` (default: labels, else
+    label). Refused: a record written on other data (its fingerprint), a score that does not vary, a subset of
+    fewer than 2 examples."""
+    require_type(dataset, datasets.Dataset, "dataset", "the training set as a datasets.Dataset")
+    table = as_record(table)
+    check_prune_settings(keep, by)
+    require_type(seed, int | numpy.integer, "seed", "an integer")
+    require_type(id_column, str, "id_column", "the name of the id column both tables hold, a string")
     if id_column not in dataset.column_names:
         raise ValueError(f"the dataset has no {id_column!r} column to join the record on (its columns: "
                          f"{dataset.column_names})")
     ids = numpy.asarray(dataset[id_column], dtype=numpy.int64)
+    check_same_data(record_metadata(table).get("data"), dataset, ids, "record.prune(dataset, table)")
     labels = None
     if by == "class_budget":
         labels = dataset_labels(dataset, [label_column] if label_column else (), "prune(by='class_budget')")

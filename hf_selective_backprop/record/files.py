@@ -4,14 +4,17 @@ folder or a Hub repository with `load_record`."""
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import tempfile
 
 import datasets
+import pyarrow
 import pyarrow.parquet
 
-from .scores import record_columns
+from .checks import check_columns, check_has_rows, check_unique_ids, require_type
+from .scores import ADDED_LATER, RECORD_COLUMNS, record_columns
 from .table import ExampleRecord
 
 logger = logging.getLogger(__name__)
@@ -22,8 +25,15 @@ RECORD_FILE = "example_record.parquet"
 DATA_MAP_FILE = "data_map.png"
 
 
+#: The record's own entry in its parquet file's metadata: its id column and the fingerprint of the data it was
+#: written on (`fingerprint.data_fingerprint`).
+METADATA_KEY = "hf_selective_backprop"
+
+
 def record_dataset(record: ExampleRecord, id_column: str = "id") -> datasets.Dataset:
     """The record as a `datasets.Dataset`, one row per example training saw, keyed by ``id_column``."""
+    require_type(record, ExampleRecord, "record", "an ExampleRecord (a trainer's record_keeper.record)")
+    require_type(id_column, str, "id_column", "the name of the id column, a string")
     columns = {name: (value if isinstance(value, list) else value.numpy()) for name, value in
                record_columns(record).items()}
     columns[id_column] = columns.pop("id")
@@ -47,15 +57,20 @@ def written_in_place_of(path: str):
         raise
 
 
-def write_record(record: ExampleRecord, path: str, id_column: str) -> datasets.Dataset:
-    """Write the record's table to ``path`` (parquet) and its data map beside it, when matplotlib is installed."""
+def write_record(record: ExampleRecord, path: str, id_column: str, data: dict | None = None) -> datasets.Dataset:
+    """Write the record's table to ``path`` (parquet), with ``data`` (the fingerprint of the data it was written
+    on, or None) in its metadata, and its data map beside it, when matplotlib is installed."""
     table = record_dataset(record, id_column)
+    metadata = {"id_column": id_column, "data": data}
+    _attach(table, metadata)
+    arrow = table.data.table
+    arrow = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), METADATA_KEY: json.dumps(metadata)})
     # Losses are floats that rarely repeat: a dictionary of their values only grows the file, and zstd packs them
     # tighter than snappy, which a record of millions of examples on the Hub feels. pyarrow writes it, as
     # `Dataset.to_parquet` fixes both per column in recent `datasets`; the table, fresh from `from_dict`, has no
     # indices mapping, and its schema carries the features `load_dataset` reads back.
     with written_in_place_of(path) as partial_path:  # never a truncated table in place of a finished run's
-        pyarrow.parquet.write_table(table.data.table, partial_path, compression="zstd", use_dictionary=["region"])
+        pyarrow.parquet.write_table(arrow, partial_path, compression="zstd", use_dictionary=["region"])
     try:
         from .figure import draw_data_map
     except ImportError:
@@ -102,23 +117,108 @@ def _quiet_progress():
             datasets.enable_progress_bar()
 
 
-def load_record(source: str, revision: str | None = None) -> datasets.Dataset:
+def record_metadata(table: datasets.Dataset) -> dict:
+    """The record's own metadata (`METADATA_KEY`): ``id_column`` and ``data``, its data's fingerprint; empty for a
+    table that was not read by `load_record` (or was written by an earlier version)."""
+    try:
+        return dict(json.loads(table.info.description)[METADATA_KEY])
+    except (ValueError, KeyError, TypeError):
+        return {}
+
+
+def _attach(table: datasets.Dataset, metadata: dict) -> None:
+    # datasets keeps only its own entry of a parquet file's metadata; a table's info is carried through select,
+    # filter and the like, so the record's entry rides there.
+    table.info.description = json.dumps({METADATA_KEY: metadata})
+
+
+def load_record(source: str | os.PathLike, revision: str | None = None) -> datasets.Dataset:
     """A training run's record: a parquet file, a folder holding ``example_record.parquet`` (a run's output
-    folder), or the id of a Hub repository the run was pushed to."""
-    if os.path.isdir(source):
-        path = os.path.join(source, RECORD_FILE)
+    folder), or the id of a Hub repository the run was pushed to. Refused, naming what is wrong: a path that does
+    not exist, a file that is not a record (a column missing), a record of no row or of one id twice."""
+    require_type(source, str | os.PathLike, "source", f"a path (a run's folder or its {RECORD_FILE}) or a Hub id")
+    require_type(revision, str | type(None), "revision", "None or a Hub revision (a branch, tag or commit)")
+    path, where = _record_path(os.fspath(source), revision)
+    metadata = _checked_metadata(path, where)
+    with _quiet_progress():
+        table = datasets.Dataset.from_parquet(path, keep_in_memory=True)
+    id_column = metadata["id_column"]
+    check_unique_ids(table.data.column(id_column).to_numpy(), id_column, where)
+    _attach(table, metadata)
+    return table
+
+
+def as_record(table, argument: str = "table") -> datasets.Dataset:
+    """``table`` as a record with rows: a `datasets.Dataset` as it is, a path or Hub id read by `load_record`."""
+    if isinstance(table, str | os.PathLike):
+        return load_record(table)
+    require_type(table, datasets.Dataset, argument, "the record as a datasets.Dataset (record.load_record reads one) "
+                 f"or where to read it (a run's folder, its {RECORD_FILE}, a Hub id)")
+    check_has_rows(len(table), argument)
+    return table
+
+
+def _record_path(source: str, revision: str | None) -> tuple[str, str]:
+    """The local file of the record ``source`` names, and how to name it in a message."""
+    local = os.path.expanduser(source)
+    if os.path.isdir(local):
+        path = os.path.join(local, RECORD_FILE)
         if not os.path.isfile(path):
             raise FileNotFoundError(
                 f"{source} holds no {RECORD_FILE}: train with --sb_record (the default) to write one, or name the "
                 "parquet file itself"
             )
-    elif os.path.isfile(source):
-        path = source
-    elif os.path.exists(os.path.dirname(source) or ".") and source.endswith(".parquet"):
-        raise FileNotFoundError(f"no record at {source}")
-    else:
-        from huggingface_hub import hf_hub_download
+        return path, path
+    if os.path.isfile(local):
+        return local, source
+    if _looks_like_a_path(source):
+        raise FileNotFoundError(f"{source} does not exist: a record is read from a run's output folder, its "
+                                f"{RECORD_FILE}, or the Hub repository it was pushed to (owner/name)")
+    return _downloaded(source, revision), f"the {RECORD_FILE} of the Hub repository {source}"
 
-        path = hf_hub_download(source, RECORD_FILE, revision=revision)
-    with _quiet_progress():
-        return datasets.Dataset.from_parquet(path, keep_in_memory=True)
+
+def _looks_like_a_path(source: str) -> bool:
+    # Not "contains a separator": a Hub id is "owner/name". What no Hub id can be (a leading "." or "/", two
+    # separators, a backslash) or what names a file is a path, and a missing path says so instead of reading as a
+    # malformed repository id.
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        return True
+    return source.endswith(".parquet")
+
+
+def _downloaded(source: str, revision: str | None) -> str:
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return hf_hub_download(source, RECORD_FILE, revision=revision)
+    except Exception as error:  # not found, offline, no access: each says which in its own words, kept below
+        raise FileNotFoundError(f"{source} is no local file or folder, and no {RECORD_FILE} could be read from a Hub "
+                                f"repository of that name ({type(error).__name__}: {error})") from error
+
+
+def _checked_metadata(path: str, where: str) -> dict:
+    """The record's metadata, with its ``id_column``, once its file is known to be a record with rows: checked before
+    datasets reads it, whose own errors on a bad file name neither the file nor the cause."""
+    try:
+        schema, rows = pyarrow.parquet.read_schema(path), pyarrow.parquet.read_metadata(path).num_rows
+    except (pyarrow.ArrowInvalid, OSError) as error:
+        raise ValueError(f"{where} is not a parquet table, so not an example record ({error})") from error
+    metadata = json.loads((schema.metadata or {}).get(METADATA_KEY.encode(), b"{}"))
+    check_columns(schema.names, [name for name in RECORD_COLUMNS if name not in ADDED_LATER], where,
+                  f"an example record holds ({RECORD_FILE}, as --sb_record writes it)")
+    check_has_rows(rows, where)
+    return {**metadata, "id_column": _id_column(schema.names, metadata, where)}
+
+
+def _id_column(names: list[str], metadata: dict, where: str) -> str:
+    # A record written before its metadata puts its id column first, and every other column is a RECORD_COLUMN.
+    others = [name for name in names if name not in RECORD_COLUMNS]
+    id_column = metadata.get("id_column") or (others[0] if others else None)
+    if id_column not in names:
+        raise ValueError(f"{where} has no id column (its columns: {names}): a record keys each row by the "
+                         "training set's id column (--sb_index_column)")
+    return id_column

@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 from ..engine.checkpoints import atomic_save
 from .feed import FLUSH_EVERY_STEPS, RecordFeed
 from .files import RECORD_FILE, write_record
+from .fingerprint import data_fingerprint
 from .table import ExampleRecord
 
 logger = logging.getLogger(__name__)
@@ -94,8 +95,9 @@ class RecordKeeper:
             "trainer): the example record covers only the training that follows this resume"
         )
 
-    def write(self, output_dir: str, should_save: bool) -> str | None:
-        """Flush, then write the record's table (and its data map) into ``output_dir``; returns the table's path."""
+    def write(self, output_dir: str, should_save: bool, dataset=None) -> str | None:
+        """Flush, then write the record's table (and its data map) into ``output_dir``, with the fingerprint of
+        ``dataset``, the training data; returns the table's path."""
         self.flush()
         if not should_save or self.stopped is not None:
             return None
@@ -103,8 +105,16 @@ class RecordKeeper:
             logger.warning("the example record holds no example (no training batch carried ids): nothing written")
             return None
         path = os.path.join(output_dir, RECORD_FILE)
-        write_record(self.record, path, self.id_column)
+        write_record(self.record, path, self.id_column, self._fingerprint(dataset))
         return path
+
+    def _fingerprint(self, dataset) -> dict | None:
+        try:
+            return data_fingerprint(dataset, self.id_column) if dataset is not None else None
+        except Exception as error:  # a run's record outweighs its check: written without one, as an older record is
+            logger.warning(f"the example record is written without a fingerprint of its data ({error!r}): a later "
+                           "use of it on a dataset cannot check that it is the same data")
+            return None
 
 
 class RecordCallback(TrainerCallback):

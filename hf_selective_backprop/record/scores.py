@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .table import ExampleRecord
+from .table import LEARNED_BELOW, ExampleRecord
 
 #: The data map's regions. Ambiguous: the most variable third of the scored examples (Cartography's choice);
 #: of the others, easy when their gold label holds most of the probability on average, hard otherwise.
@@ -37,6 +37,16 @@ PRUNE_SCORES = {
 #: Scores read from another column of the record, and the sign that makes the kept examples the highest.
 _PRUNE_COLUMNS = {"label_issues": ("last_loss", -1.0), "coverage": ("mean_loss", 1.0),
                   "class_budget": ("mean_loss", 1.0)}
+
+
+#: The columns a record holds after its id column, in the order it writes them; `ADDED_LATER` an earlier version's
+#: record lacks (each function that reads one of them says so by name).
+RECORD_COLUMNS = (
+    "times_scored", "times_backpropagated", "mean_loss", "first_loss", "last_loss", "confidence", "variability",
+    "correctness", "aum", "forgetting_events", "first_scored_epoch", "last_scored_epoch", "first_learned_epoch",
+    "nonfinite_losses", "region",
+)  # fmt: skip
+ADDED_LATER = ("aum",)
 
 
 def prune_column(by: str) -> tuple[str, float]:
@@ -103,6 +113,17 @@ LABEL_ISSUE_RANKINGS = {
     "aum": "lowest area under the margin first (Pleiss et al., 2020): a label the model keeps preferring another "
            "class to; single-label classification only",
 }
+
+
+def label_issue_flags(columns: dict[str, torch.Tensor], by: str) -> torch.Tensor:
+    """The rows ``by`` flags as label issues: those its score says the model did not learn (p(gold) under 1/2 at the
+    last scoring, by the mean loss or by the mean confidence; a negative margin for aum). A threshold on the score
+    `label_issue_order` sorts by, so the flagged rows are that order's first ones; unscored (NaN) rows never are."""
+    if by == "aum":
+        return columns["aum"] < 0
+    if by == "confidence":
+        return columns["confidence"] < 0.5
+    return columns[by] > LEARNED_BELOW
 
 
 def label_issue_order(columns: dict[str, torch.Tensor], by: str) -> torch.Tensor:

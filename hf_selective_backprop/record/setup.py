@@ -20,9 +20,10 @@ from ..engine.indexing import (
     with_index_column,
 )
 from ..engine.packing import swapped
-from .files import load_record
+from .files import load_record, record_metadata
+from .fingerprint import check_same_data
 from .keeper import RecordCallback
-from .pruning import dataset_labels, kept_ids
+from .pruning import check_varies, dataset_labels, kept_ids
 from .scores import prune_column
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,8 @@ def subset_record(args):
             f"--sb_subset_from {source!r}: the record has no {missing} column(s) (its columns: "
             f"{record.column_names}); --sb_index_column must be the id column it was written with"
         )
+    if args.sb_subset_by != "random":
+        check_varies(numpy.asarray(record[needed[1]], dtype=float), args.sb_subset_by)
     return record
 
 
@@ -96,6 +99,7 @@ def _subset(dataset, record, args, label_names=()):
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__len__"):
         raise ValueError("--sb_subset_from keeps a share of a map-style training set: a stream has no size to share")
     ids = ids_by_position(dataset, args.sb_index_column).numpy()
+    check_same_data(record_metadata(record).get("data"), dataset, ids, f"--sb_subset_from {args.sb_subset_from!r}")
     labels = dataset_labels(dataset, label_names) if args.sb_subset_by == "class_budget" else None
     keep = kept_ids(record, ids, args.sb_subset_keep, args.sb_subset_by, args.seed, args.sb_index_column, labels)
     positions = numpy.flatnonzero(numpy.isin(ids, keep))

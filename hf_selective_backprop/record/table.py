@@ -61,8 +61,10 @@ class ExampleRecord:
 
     @property
     def seen(self) -> torch.Tensor:
-        """The ids of the examples training scored or backpropagated, ascending."""
-        return ((self["times_scored"] > 0) | (self["times_backpropagated"] > 0)).nonzero().squeeze(1)
+        """The ids of the examples training scored or backpropagated, ascending. An example whose every loss was
+        non-finite counts too: without its row the record would hide the losses it was meant to report."""
+        touched = (self["times_scored"] > 0) | (self["times_backpropagated"] > 0) | (self["nonfinite_losses"] > 0)
+        return touched.nonzero().squeeze(1)
 
     def _grow(self, capacity: int) -> None:
         if capacity <= len(self):

@@ -1,8 +1,8 @@
 """Multi-process runs: 2 CPU processes over gloo, launched by torchrun and by accelerate launch.
 
 Each run is one launch of ``tests/dist_worker.py`` (a tiny MLP on synthetic data) that writes
-``rank{r}.pt`` per process; the tests compare what the ranks wrote. A launch that hangs is
-killed after ``TIMEOUT`` seconds and fails the test instead of blocking the suite.
+``rank{r}.pt`` per process; the tests compare what the ranks wrote. A launch that hangs (no output for
+``launch.QUIET`` seconds, times how slow the machine is) is killed and fails the test instead of blocking the suite.
 """
 
 from __future__ import annotations

@@ -6,14 +6,13 @@ docs/benchmarks/gpu.md says where they last ran.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
-from launch import launch, run
+from launch import launch, run, watched
 from test_streams import write_parquet
 from tiny import TinyClassifier, TinyConv, make_config, make_dataset, make_image_dataset
 from transformers.trainer_utils import get_last_checkpoint
@@ -226,11 +225,10 @@ def test_two_processes_stay_in_lockstep_under_nccl(tmp_path):
         str(ROOT / "tests" / "dist_worker.py"), "--out", str(tmp_path), "--device", "cuda", "--loss", "uneven",
         "--staleness", "2", "--epochs", "3", "--check-collectives",
     ]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    code, output = watched(command)
+    assert code == 0, output[-6000:]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
-    assert "backend=nccl" in result.stdout
+    assert "backend=nccl" in output
     _same_collectives(ranks)
     assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
     # Rank 1's losses are shifted up, so it keeps more, yet both ranks stepped together.

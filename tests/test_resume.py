@@ -21,6 +21,7 @@ import time
 
 import pytest
 import torch
+from launch import watch
 from tiny import TinyClassifier, make_config, make_dataset
 from transformers.trainer_utils import get_last_checkpoint
 
@@ -273,7 +274,12 @@ def _complete(output_dir) -> list[str]:
     return [c for c in checkpoints(str(output_dir)) if is_complete_checkpoint(c)]
 
 
-@pytest.mark.timeout(300)
+def _watch(process, output_dir, name, **options) -> None:
+    """Fail if the worker goes quiet (``launch.watch``): its progress is its log and its checkpoints."""
+    hung = watch(process, lambda: (os.path.getsize(process.log), len(_complete(output_dir))), name, **options)
+    assert hung is None, f"{hung}:\n{_output(process)}"
+
+
 def test_sigkill_then_resume_reaches_the_uninterrupted_run(tmp_path):
     seed = int(os.environ.get("SB_KILL_SEED", time.time_ns() % 10_000))
     rng = random.Random(seed)
@@ -284,17 +290,20 @@ def test_sigkill_then_resume_reaches_the_uninterrupted_run(tmp_path):
     resumed = _worker(killed_dir, "resume", "--wait-stdin", stdin=subprocess.PIPE)
     try:
         wanted = rng.randint(1, 6)  # complete checkpoints to wait for, then a random extra delay
-        while len(_complete(killed_dir)) < wanted:
-            assert victim.poll() is None, f"victim ended before the kill (seed {seed}):\n{_output(victim)}"
-            time.sleep(0.01)
+        _watch(victim, killed_dir, "the run to kill", until=lambda: len(_complete(killed_dir)) >= wanted,
+               interval=0.01)
+        assert victim.poll() is None, f"victim ended before the kill (seed {seed}):\n{_output(victim)}"
         time.sleep(rng.uniform(0.0, 0.15))  # land anywhere, mid-save included
         victim.send_signal(signal.SIGKILL)
         assert victim.wait(60) == -signal.SIGKILL, f"seed {seed}"
         assert not (killed_dir / "final.pt").exists()
         assert _complete(killed_dir), f"seed {seed}"
-        resumed.communicate("go\n", timeout=240)
+        resumed.stdin.write("go\n")
+        resumed.stdin.close()
+        _watch(resumed, killed_dir, "the resumed run")
         assert resumed.returncode == 0, f"seed {seed}:\n{_output(resumed)}"
-        assert reference.wait(240) == 0, _output(reference)
+        _watch(reference, reference_dir, "the uninterrupted run")
+        assert reference.returncode == 0, _output(reference)
     finally:
         for process in (victim, resumed, reference):
             if process.poll() is None:

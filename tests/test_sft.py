@@ -3,7 +3,6 @@
 import json
 import os
 import runpy
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -15,6 +14,7 @@ trl = pytest.importorskip("trl", reason="the SFT pair needs TRL: pip install '.[
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 from huggingface_hub import ModelCard  # noqa: E402
+from launch import watched  # noqa: E402
 from sft_data import language_modelling, prompt_completion, sft_model, sft_tokenizer  # noqa: E402
 from text_tiny import rholoss_reference  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
@@ -132,10 +132,8 @@ def test_two_processes_select_in_lockstep(tmp_path, layout):
     batches can hold different numbers of sequences, and the ranks must still take the same optimizer steps."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                str(ROOT / "tests" / "sft_worker.py"), str(tmp_path), *(["--packing"] if layout == "packed" else [])]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    result = subprocess.run(command, cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
-                            timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    code, output = watched(command)
+    assert code == 0, output[-6000:]
     ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2)]
     assert ranks[0]["global_step"] == ranks[1]["global_step"] > 0
     assert torch.equal(ranks[0]["weights"], ranks[1]["weights"])

@@ -3,8 +3,8 @@
 A model whose weights are split over the ranks (ZeRO-3, FSDP) all-gathers them in every forward, so every
 rank must run the same number of forwards. Selection scores different numbers of rows on different ranks
 (a Stale-SB epoch's stored losses, a planned batch, ``dataloader_drop_last`` on an odd dataset size); the
-engine's lockstep forwards keep them together. Each launch is 2 CPU processes over gloo under a timeout,
-so a hang fails the test instead of blocking the suite.
+engine's lockstep forwards keep them together. Each launch is 2 CPU processes over gloo, killed once it goes
+quiet (``launch.watch``), so a hang fails the test instead of blocking the suite.
 """
 
 from __future__ import annotations
@@ -150,7 +150,8 @@ def test_fsdp2_ranks_scoring_different_rows_stay_in_lockstep(tmp_path):
 
 def test_fsdp2_without_lockstep_forwards_fails(tmp_path):
     """The control: the same run with the engine's lockstep forwards off does not finish."""
-    code, output = run(tmp_path, ["--no-lockstep"], worker=FSDP_WORKER, timeout=90)
+    # Silent until it ends (6 s on an idle machine): 45 s without output, times the machine's slowness, is its hang.
+    code, output = run(tmp_path, ["--no-lockstep"], worker=FSDP_WORKER, quiet=45)
     # It hangs, or gloo finds the ranks' all-gathers of different sizes; any other failure is not this one.
     assert code is None or (code != 0 and "collective mismatch" in output), output[-2000:]
     assert not list(Path(tmp_path).glob("rank*.pt"))

@@ -41,6 +41,7 @@ from hf_selective_backprop.workflow import (
     check_output_dir,
     check_output_dir_is_free,
     resume_checkpoint,
+    save_results,
 )
 
 DEFAULTS = dict(
@@ -160,14 +161,13 @@ def run(config, data_args: SFTDataArguments, model_args: TextModelArguments, che
     train_output = trainer.train(resume_from_checkpoint=checkpoint)
     stats = training_costs(trainer)
 
-    metrics = trainer.evaluate() if evaluation is not None else {}
-    if "eval_loss" in metrics:
+    metrics = trainer.evaluate() if evaluation is not None else None
+    if metrics is not None and "eval_loss" in metrics:
         metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 700.0))
     trainer.save_model()
-    trainer.save_state()  # trainer_state.json (log history, steps) in output_dir, as the Hugging Face examples end
-    trainer.save_metrics("eval", metrics)
     data_read = {**training_data_size(trainer.train_dataset), "num_train_epochs": config.num_train_epochs}
-    trainer.save_metrics("train", {**train_output.metrics, **data_read})
+    # train_results.json, eval_results.json, all_results.json and trainer_state.json, as the Hugging Face examples end
+    save_results(trainer, {**train_output.metrics, **data_read}, metrics)
     card = {"dataset": data_args.dataset, "eval_split": data_args.eval_split, "tasks": "text-generation"}
     if config.should_save:
         trainer.create_model_card(**card)
@@ -176,7 +176,7 @@ def run(config, data_args: SFTDataArguments, model_args: TextModelArguments, che
         trainer.push_to_hub(commit_message=f"SFT, {config.sb_strategy} on {name}", **card)
 
     if config.should_save:
-        results = " ".join(f"{k.removeprefix('eval_')}={v:.4f}" for k, v in metrics.items()
+        results = " ".join(f"{k.removeprefix('eval_')}={v:.4f}" for k, v in (metrics or {}).items()
                            if "loss" in k or "perplexity" in k or "accuracy" in k)
         print(f"strategy={config.sb_strategy} {results} backwards={stats['backwards']} "
               f"selection_forwards={stats['selection_forwards']} -> {config.output_dir}")

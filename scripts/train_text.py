@@ -50,6 +50,7 @@ from hf_selective_backprop.workflow import (
     check_output_dir,
     check_output_dir_is_free,
     resume_checkpoint,
+    save_results,
 )
 
 
@@ -122,16 +123,14 @@ def run(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_arg
 
     trainer.model_flags = model_flags(model_args, data_args.max_length)
     train_output = trainer.train(resume_from_checkpoint=checkpoint)
-    # As the Hugging Face example scripts do: train_results.json (benchmarks read a run's cost from it).
-    trainer.save_metrics("train", train_output.metrics)
     stats = training_costs(trainer)
 
-    metrics = trainer.evaluate() if evaluation is not None else {}
-    if "eval_loss" in metrics and not classification:
+    metrics = trainer.evaluate() if evaluation is not None else None
+    if metrics is not None and "eval_loss" in metrics and not classification:
         metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 700.0))
     trainer.save_model()
-    trainer.save_state()  # trainer_state.json (log history, steps) in output_dir, as the Hugging Face examples end
-    trainer.save_metrics("eval", metrics)
+    # train_results.json (benchmarks read a run's cost from it), eval_results.json, all_results.json, trainer_state.json
+    save_results(trainer, train_output.metrics, metrics)
     card = {"dataset": data_args.dataset, "eval_split": data_args.eval_split, "tasks": PIPELINE_TAGS[data_args.task]}
     if config.should_save:
         trainer.create_model_card(**card)
@@ -142,7 +141,7 @@ def run(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_arg
         trainer.push_to_hub(commit_message=f"{config.sb_strategy} on {name}", **card)
 
     if config.should_save:
-        results = " ".join(f"{k.removeprefix('eval_')}={v:.4f}" for k, v in metrics.items() if "loss" in k or
+        results = " ".join(f"{k.removeprefix('eval_')}={v:.4f}" for k, v in (metrics or {}).items() if "loss" in k or
                            "accuracy" in k or "perplexity" in k)
         print(f"strategy={config.sb_strategy} {results} backwards={stats['backwards']} "
               f"selection_forwards={stats['selection_forwards']} train_seconds={stats['train_seconds']:.1f} "

@@ -28,6 +28,7 @@ from transformers import (
     set_seed,
 )
 
+from hf_selective_backprop.cli import group_flags
 from hf_selective_backprop.data.sources import load_splits
 from hf_selective_backprop.data.text import check_text_column, texts_of, train_wordpiece_tokenizer
 from hf_selective_backprop.engine import run_signature
@@ -104,8 +105,8 @@ def read_text(args: PretrainArguments) -> datasets.Dataset:
 
 
 def main() -> None:
-    # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
-    parser = HfArgumentParser((PretrainArguments, TextModelArguments, OutputArguments, TrainingArguments))
+    # --help: the script's own flags first, then the Trainer's under a title of their own.
+    parser = group_flags(HfArgumentParser((PretrainArguments, TextModelArguments, OutputArguments, TrainingArguments)))
     parser.set_defaults(**DEFAULTS)
     args, model_args, output_args, training_args = parser.parse_args_into_dataclasses()
     # Cheap checks first: none of these mistakes should cost reading the dataset.

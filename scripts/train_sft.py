@@ -18,6 +18,7 @@ from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
 from hf_selective_backprop import SelectiveBackpropSFTConfig, SelectiveBackpropSFTTrainer
 from hf_selective_backprop.cards import hub_dataset_id, training_costs
+from hf_selective_backprop.cli import group_flags
 from hf_selective_backprop.data.text import (
     TextDataArguments,
     label_completions,
@@ -98,8 +99,10 @@ def sft_tokenizer(texts, model_args: TextModelArguments, max_length: int):
 
 
 def main() -> None:
-    # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
-    parser = HfArgumentParser((TextModelArguments, SFTDataArguments, OutputArguments, SelectiveBackpropSFTConfig))
+    # --help: the script's own flags first, then the sb_* flags, then the Trainer's under a title of their own.
+    parser = group_flags(
+        HfArgumentParser((TextModelArguments, SFTDataArguments, OutputArguments, SelectiveBackpropSFTConfig))
+    )
     parser.set_defaults(**DEFAULTS)
     model_args, data_args, output_args, config = parser.parse_args_into_dataclasses()
     require_model_for(model_args, "causal-lm", "scripts/train_sft.py")

@@ -24,6 +24,7 @@ from transformers import (
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
 from hf_selective_backprop.cards import hub_dataset_id, training_costs
+from hf_selective_backprop.cli import group_flags
 from hf_selective_backprop.data.text import (
     TextDataArguments,
     load_text_data,
@@ -55,8 +56,10 @@ from hf_selective_backprop.workflow import (
 
 
 def main() -> None:
-    # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
-    parser = HfArgumentParser((TextModelArguments, TextDataArguments, OutputArguments, SelectiveBackpropConfig))
+    # --help: the script's own flags first, then the sb_* flags, then the Trainer's under a title of their own.
+    parser = group_flags(
+        HfArgumentParser((TextModelArguments, TextDataArguments, OutputArguments, SelectiveBackpropConfig))
+    )
     parser.set_defaults(**TEXT_TRAINING_DEFAULTS)
     model_args, data_args, output_args, config = parser.parse_args_into_dataclasses()
     train(config, data_args, model_args, output_args.overwrite_output_dir)

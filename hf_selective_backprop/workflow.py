@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Sized
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,6 +99,28 @@ class OutputArguments:
             "is read or written, unless --resume_from_checkpoint continues the run saved in it."
         },
     )
+
+
+def save_results(trainer, train_metrics: dict | None, eval_metrics: dict | None) -> None:
+    """End a run as the Hugging Face example scripts do: each split's metrics printed (``trainer.log_metrics``) and
+    written to ``train_results.json`` / ``eval_results.json`` (``trainer.save_metrics``, which also merges them into
+    ``all_results.json``), then ``trainer_state.json`` (``trainer.save_state``: the log history and steps).
+
+    ``eval_metrics`` is None for a run without an evaluation split: no ``eval_results.json`` then. The number of
+    rows is added as ``train_samples`` / ``eval_samples`` where the dataset has a length (not on a stream, nor for
+    a dict of evaluation sets). Every process calls this; the main process alone prints and writes, as the Trainer's
+    own methods decide.
+    """
+    for split, metrics, dataset in (("train", train_metrics, trainer.train_dataset),
+                                    ("eval", eval_metrics, trainer.eval_dataset)):
+        if metrics is None:
+            continue
+        metrics = dict(metrics)
+        if f"{split}_samples" not in metrics and isinstance(dataset, Sized) and not isinstance(dataset, dict):
+            metrics[f"{split}_samples"] = len(dataset)
+        trainer.log_metrics(split, metrics)
+        trainer.save_metrics(split, metrics)
+    trainer.save_state()
 
 
 def write_holdout(data_args: DataArguments, holdout_ids, path: str) -> None:
@@ -281,14 +304,14 @@ def _train(config: SelectiveBackpropConfig, data_args: DataArguments, model_args
     )
     trainer.model_flags = model_flags(model_args)
     train_output = trainer.train(resume_from_checkpoint=checkpoint)
-    # As the Hugging Face example scripts do: train_results.json, read by the benchmarks for a reference's cost.
-    trainer.save_metrics("train", train_output.metrics)
     stats = training_costs(trainer)
 
-    metrics = trainer.evaluate() if data.eval is not None else {}
-    accuracy = metrics.get("eval_accuracy")
+    metrics = trainer.evaluate() if data.eval is not None else None
+    accuracy = (metrics or {}).get("eval_accuracy")
     trainer.save_model()
-    trainer.save_state()  # trainer_state.json (log history, steps) in output_dir, as the Hugging Face examples end
+    # train_results.json (the benchmarks read a reference's cost from it), eval_results.json, all_results.json and
+    # trainer_state.json, as the Hugging Face example scripts end.
+    save_results(trainer, train_output.metrics, metrics)
     card = {"dataset": data.dataset_id, "eval_split": data_args.eval_split or "test"}
     if trainer.args.should_save:
         trainer.create_model_card(**card)

@@ -35,6 +35,7 @@ from transformers.utils import logging as transformers_logging
 with warnings.catch_warnings(record=True) as IMPORT_WARNINGS:
     warnings.simplefilter("default")
     from hf_selective_backprop import SelectiveBackpropConfig
+    from hf_selective_backprop.cli import group_flags
     from hf_selective_backprop.config import SelectiveBackpropArguments
     from hf_selective_backprop.data import DataArguments
     from hf_selective_backprop.engine.accounting import STATS_FILE
@@ -287,8 +288,10 @@ def main(argv: list[str] | None = None) -> None:
     early = argparse.ArgumentParser(add_help=False)
     early.add_argument("--workflow", choices=sorted(WORKFLOWS), default="image")
     workflow = WORKFLOWS[early.parse_known_args(argv)[0].workflow]()
-    parser = Parser((CompareArguments, *workflow.arguments), prog=PROG,
-                    usage=f"%(prog)s [--strategies RUNS] [--workflow {{image,text}}] [any flag of {workflow.script}]")
+    parser = group_flags(Parser(
+        (CompareArguments, *workflow.arguments), prog=PROG,
+        usage=f"%(prog)s [--strategies RUNS] [--workflow {{image,text}}] [any flag of {workflow.script}]",
+    ))
     parser.set_defaults(**workflow.defaults)
     if any(word.split("=")[0] in ("--sb_strategy", "--sb-strategy") for word in argv):
         fail("--sb_strategy: each run's strategy is an entry of --strategies (for example --strategies none,sb)")

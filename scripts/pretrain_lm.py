@@ -6,7 +6,8 @@ stand-in for a downloaded checkpoint that benchmarks/run_finetune.sh fine-tunes 
     python scripts/train_text.py --dataset path/to/sst2 --model_name_or_path outputs/bert-sst2 ...
 
 A WordPiece tokenizer is learnt from the same text and saved with the model (save_pretrained), with
-train_results.json (the pretraining's time). After an interruption the same command plus
+train_results.json and all_results.json (the pretraining's time; no split is held out, so no eval_results.json)
+and trainer_state.json. After an interruption the same command plus
 `--resume_from_checkpoint True` continues from the last checkpoint, with the tokenizer saved in it.
 An --output_dir that already holds files is refused unless resuming or given --overwrite_output_dir, as the
 other scripts refuse it. Every flag: --help.
@@ -27,6 +28,7 @@ from transformers import (
     set_seed,
 )
 
+from hf_selective_backprop.cli import group_flags
 from hf_selective_backprop.data.sources import load_splits
 from hf_selective_backprop.data.text import check_text_column, texts_of, train_wordpiece_tokenizer
 from hf_selective_backprop.engine import run_signature
@@ -37,6 +39,7 @@ from hf_selective_backprop.workflow import (
     check_output_dir,
     check_output_dir_is_free,
     resume_checkpoint,
+    save_results,
 )
 
 OBJECTIVES = ("mlm", "causal")
@@ -102,8 +105,8 @@ def read_text(args: PretrainArguments) -> datasets.Dataset:
 
 
 def main() -> None:
-    # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
-    parser = HfArgumentParser((PretrainArguments, TextModelArguments, OutputArguments, TrainingArguments))
+    # --help: the script's own flags first, then the Trainer's under a title of their own.
+    parser = group_flags(HfArgumentParser((PretrainArguments, TextModelArguments, OutputArguments, TrainingArguments)))
     parser.set_defaults(**DEFAULTS)
     args, model_args, output_args, training_args = parser.parse_args_into_dataclasses()
     # Cheap checks first: none of these mistakes should cost reading the dataset.
@@ -151,8 +154,9 @@ def pretrain(args: PretrainArguments, model_args: TextModelArguments, training_a
                       processing_class=tokenizer, callbacks=[run_signature.PlainRunSignature.of(training_args, flags)])
     result = trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model()
-    trainer.save_metrics("train", result.metrics)
-    trainer.save_state()  # trainer_state.json (log history, steps) in output_dir, as the Hugging Face examples end
+    # train_results.json, all_results.json and trainer_state.json, as the Hugging Face examples end. No evaluation:
+    # every split named by --splits is pretrained on, so none is held out to evaluate on.
+    save_results(trainer, result.metrics, None)
     print(f"pretrained ({args.objective}) {len(tokenized)} texts in {result.metrics['train_runtime']:.0f} s "
           f"-> {os.path.abspath(training_args.output_dir)}")
 

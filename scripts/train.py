@@ -14,14 +14,15 @@ from accelerate import PartialState
 from transformers import HfArgumentParser
 
 from hf_selective_backprop import SelectiveBackpropConfig
+from hf_selective_backprop.cli import group_flags
 from hf_selective_backprop.data import DataArguments
 from hf_selective_backprop.models import ModelArguments
 from hf_selective_backprop.workflow import IMAGE_TRAINING_DEFAULTS, OutputArguments, train_image_classifier
 
 
 def main() -> None:
-    # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
-    parser = HfArgumentParser((ModelArguments, DataArguments, OutputArguments, SelectiveBackpropConfig))
+    # --help: the script's own flags first, then the sb_* flags, then the Trainer's under a title of their own.
+    parser = group_flags(HfArgumentParser((ModelArguments, DataArguments, OutputArguments, SelectiveBackpropConfig)))
     parser.set_defaults(**IMAGE_TRAINING_DEFAULTS)
     model_args, data_args, output_args, config = parser.parse_args_into_dataclasses()
     result = train_image_classifier(config, data_args, model_args, output_args.overwrite_output_dir)

@@ -18,6 +18,7 @@ from transformers import AutoTokenizer, HfArgumentParser, set_seed
 
 from hf_selective_backprop import SelectiveBackpropSFTConfig, SelectiveBackpropSFTTrainer
 from hf_selective_backprop.cards import hub_dataset_id, training_costs
+from hf_selective_backprop.cli import group_flags
 from hf_selective_backprop.data.text import (
     TextDataArguments,
     label_completions,
@@ -41,6 +42,7 @@ from hf_selective_backprop.workflow import (
     check_output_dir,
     check_output_dir_is_free,
     resume_checkpoint,
+    save_results,
 )
 
 DEFAULTS = dict(
@@ -97,8 +99,10 @@ def sft_tokenizer(texts, model_args: TextModelArguments, max_length: int):
 
 
 def main() -> None:
-    # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
-    parser = HfArgumentParser((TextModelArguments, SFTDataArguments, OutputArguments, SelectiveBackpropSFTConfig))
+    # --help: the script's own flags first, then the sb_* flags, then the Trainer's under a title of their own.
+    parser = group_flags(
+        HfArgumentParser((TextModelArguments, SFTDataArguments, OutputArguments, SelectiveBackpropSFTConfig))
+    )
     parser.set_defaults(**DEFAULTS)
     model_args, data_args, output_args, config = parser.parse_args_into_dataclasses()
     require_model_for(model_args, "causal-lm", "scripts/train_sft.py")
@@ -160,14 +164,13 @@ def run(config, data_args: SFTDataArguments, model_args: TextModelArguments, che
     train_output = trainer.train(resume_from_checkpoint=checkpoint)
     stats = training_costs(trainer)
 
-    metrics = trainer.evaluate() if evaluation is not None else {}
-    if "eval_loss" in metrics:
+    metrics = trainer.evaluate() if evaluation is not None else None
+    if metrics is not None and "eval_loss" in metrics:
         metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 700.0))
     trainer.save_model()
-    trainer.save_state()  # trainer_state.json (log history, steps) in output_dir, as the Hugging Face examples end
-    trainer.save_metrics("eval", metrics)
     data_read = {**training_data_size(trainer.train_dataset), "num_train_epochs": config.num_train_epochs}
-    trainer.save_metrics("train", {**train_output.metrics, **data_read})
+    # train_results.json, eval_results.json, all_results.json and trainer_state.json, as the Hugging Face examples end
+    save_results(trainer, {**train_output.metrics, **data_read}, metrics)
     card = {"dataset": data_args.dataset, "eval_split": data_args.eval_split, "tasks": "text-generation"}
     if config.should_save:
         trainer.create_model_card(**card)
@@ -176,7 +179,7 @@ def run(config, data_args: SFTDataArguments, model_args: TextModelArguments, che
         trainer.push_to_hub(commit_message=f"SFT, {config.sb_strategy} on {name}", **card)
 
     if config.should_save:
-        results = " ".join(f"{k.removeprefix('eval_')}={v:.4f}" for k, v in metrics.items()
+        results = " ".join(f"{k.removeprefix('eval_')}={v:.4f}" for k, v in (metrics or {}).items()
                            if "loss" in k or "perplexity" in k or "accuracy" in k)
         print(f"strategy={config.sb_strategy} {results} backwards={stats['backwards']} "
               f"selection_forwards={stats['selection_forwards']} -> {config.output_dir}")

@@ -24,6 +24,7 @@ from transformers import (
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer
 from hf_selective_backprop.cards import hub_dataset_id, training_costs
+from hf_selective_backprop.cli import group_flags
 from hf_selective_backprop.data.text import (
     TextDataArguments,
     load_text_data,
@@ -50,12 +51,15 @@ from hf_selective_backprop.workflow import (
     check_output_dir,
     check_output_dir_is_free,
     resume_checkpoint,
+    save_results,
 )
 
 
 def main() -> None:
-    # The script's own flags first in --help, then the Trainer's, as the Hugging Face example scripts list them.
-    parser = HfArgumentParser((TextModelArguments, TextDataArguments, OutputArguments, SelectiveBackpropConfig))
+    # --help: the script's own flags first, then the sb_* flags, then the Trainer's under a title of their own.
+    parser = group_flags(
+        HfArgumentParser((TextModelArguments, TextDataArguments, OutputArguments, SelectiveBackpropConfig))
+    )
     parser.set_defaults(**TEXT_TRAINING_DEFAULTS)
     model_args, data_args, output_args, config = parser.parse_args_into_dataclasses()
     train(config, data_args, model_args, output_args.overwrite_output_dir)
@@ -122,16 +126,14 @@ def run(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_arg
 
     trainer.model_flags = model_flags(model_args, data_args.max_length)
     train_output = trainer.train(resume_from_checkpoint=checkpoint)
-    # As the Hugging Face example scripts do: train_results.json (benchmarks read a run's cost from it).
-    trainer.save_metrics("train", train_output.metrics)
     stats = training_costs(trainer)
 
-    metrics = trainer.evaluate() if evaluation is not None else {}
-    if "eval_loss" in metrics and not classification:
+    metrics = trainer.evaluate() if evaluation is not None else None
+    if metrics is not None and "eval_loss" in metrics and not classification:
         metrics["eval_perplexity"] = math.exp(min(metrics["eval_loss"], 700.0))
     trainer.save_model()
-    trainer.save_state()  # trainer_state.json (log history, steps) in output_dir, as the Hugging Face examples end
-    trainer.save_metrics("eval", metrics)
+    # train_results.json (benchmarks read a run's cost from it), eval_results.json, all_results.json, trainer_state.json
+    save_results(trainer, train_output.metrics, metrics)
     card = {"dataset": data_args.dataset, "eval_split": data_args.eval_split, "tasks": PIPELINE_TAGS[data_args.task]}
     if config.should_save:
         trainer.create_model_card(**card)
@@ -142,7 +144,7 @@ def run(config: SelectiveBackpropConfig, data_args: TextDataArguments, model_arg
         trainer.push_to_hub(commit_message=f"{config.sb_strategy} on {name}", **card)
 
     if config.should_save:
-        results = " ".join(f"{k.removeprefix('eval_')}={v:.4f}" for k, v in metrics.items() if "loss" in k or
+        results = " ".join(f"{k.removeprefix('eval_')}={v:.4f}" for k, v in (metrics or {}).items() if "loss" in k or
                            "accuracy" in k or "perplexity" in k)
         print(f"strategy={config.sb_strategy} {results} backwards={stats['backwards']} "
               f"selection_forwards={stats['selection_forwards']} train_seconds={stats['train_seconds']:.1f} "

@@ -100,7 +100,7 @@ def test_help_lists_its_own_flags_then_the_workflows(compare, capsys):
         with pytest.raises(SystemExit):
             compare(["--workflow", workflow, "--help"])
         shown = capsys.readouterr().out
-        flags = [shown.index(f"\n  {flag}") for flag in ("--strategies", own, "--output_dir", "--sb_strategy")]
+        flags = [shown.index(f"\n  {flag}") for flag in ("--strategies", own, "--sb_strategy", "--output_dir")]
         assert flags == sorted(flags)
         assert len(shown.split("options:")[0].splitlines()) < 5  # a short usage, not every Trainer flag
 

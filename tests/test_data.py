@@ -103,6 +103,94 @@ def test_unknown_folder_gets_detected_columns_and_measured_statistics(tmp_path):
     assert named.spec.name == "cifar10" and named.train.transform.cutout == 16
 
 
+# ---- which recipe a folder gets (issue 78) ------------------------------------------------------------
+
+RECIPE_LOGGER = "hf_selective_backprop.data.sources"
+#: Ways a dataset card names CIFAR-10: the Hub card's front matter (uoft-cs/cifar10), its title, the shared copy's.
+CARDS_NAMING_CIFAR10 = {
+    "pretty_name": CIFAR10_README.replace("configs:", "pretty_name: Cifar10\npaperswithcode_id: cifar-10\nconfigs:"),
+    "hub title": CIFAR10_README + "\n# Dataset Card for CIFAR-10\n\n## Table of Contents\n",
+    "copy title": CIFAR10_README + "\n# CIFAR-10 (local copy, JPEG-compressed)\n\nA local copy of CIFAR-10.\n",
+}
+
+
+def recipe_lines(caplog) -> list[logging.LogRecord]:
+    return [record for record in caplog.records if record.name == RECIPE_LOGGER and "recipe" in record.getMessage()]
+
+
+@pytest.mark.parametrize("card", sorted(CARDS_NAMING_CIFAR10))
+def test_a_folder_whose_card_names_a_known_dataset_gets_its_recipe_and_says_so(card, tmp_path, caplog):
+    folder = write_hub_layout(tmp_path / "my-copy", {"train": 12, "test": 4})
+    (folder / "README.md").write_text(CARDS_NAMING_CIFAR10[card])
+    with caplog.at_level(logging.INFO, logger=RECIPE_LOGGER):
+        data = load(folder, tmp_path)
+    assert data.spec.name == "cifar10" and data.dataset_id == "uoft-cs/cifar10"
+    assert data.train.transform.hflip and data.train.transform.cutout == 16
+    assert data.mean == KNOWN_DATASETS["cifar10"].mean
+    (line,) = recipe_lines(caplog)
+    message = line.getMessage()
+    assert line.levelno == logging.WARNING  # inferred, not named by the user: shown without any logging set up
+    assert f"{folder.resolve()}: training with the cifar10 recipe (its published mean and std, random flips, " \
+           "cutout 16), as its README.md names it (" in message
+    assert f"--dataset NAME --data_dir {folder} trains it with a known dataset's recipe (NAME: cifar10, cifar100, " \
+           "svhn, mnist)" in message
+
+
+def test_a_folder_neither_named_nor_carded_gets_the_generic_recipe_and_the_log_says_so(tmp_path, caplog):
+    folder = write_hub_layout(tmp_path / "my-copy", {"train": 12, "test": 4})  # its card names only 'plain_text'
+    with caplog.at_level(logging.INFO, logger=RECIPE_LOGGER):
+        data = load(folder, tmp_path)
+    assert data.spec.name == "custom" and not data.train.transform.hflip and data.train.transform.cutout == 0
+    (line,) = recipe_lines(caplog)
+    assert line.levelno == logging.WARNING
+    assert line.getMessage() == (
+        f"{folder.resolve()}: training with the generic recipe (mean and std measured on the training images, no "
+        "flips, no cutout), as neither the folder's name nor its README.md names a known dataset. --dataset NAME "
+        f"--data_dir {folder} trains it with a known dataset's recipe (NAME: cifar10, cifar100, svhn, mnist); "
+        "--hflip and --cutout set its augmentation"
+    )
+    caplog.clear()
+    (folder / "README.md").unlink()  # no card at all: the same
+    with caplog.at_level(logging.INFO, logger=RECIPE_LOGGER):
+        assert load(folder, tmp_path).spec.name == "custom"
+    assert "generic recipe" in recipe_lines(caplog)[0].getMessage()
+
+
+def test_a_card_naming_two_known_datasets_is_not_guessed_from(tmp_path, caplog):
+    folder = write_hub_layout(tmp_path / "mixed", {"train": 12, "test": 4})
+    (folder / "README.md").write_text(CIFAR10_README.replace("configs:", "pretty_name: MNIST\nconfigs:")
+                                      + "\n# CIFAR-10\n")
+    with caplog.at_level(logging.INFO, logger=RECIPE_LOGGER):
+        assert load(folder, tmp_path).spec.name == "custom"
+    message = recipe_lines(caplog)[0].getMessage()
+    assert "names more than one known dataset, none is taken: mnist (its pretty_name 'MNIST'); cifar10 (its " \
+           "title 'CIFAR-10')" in message
+
+
+def test_a_recipe_the_user_names_is_logged_at_info(tmp_path, caplog):
+    folder = write_hub_layout(tmp_path / "my-copy", {"train": 12, "test": 4})
+    with caplog.at_level(logging.INFO, logger=RECIPE_LOGGER):
+        named = load_image_data(DataArguments(dataset="cifar10", data_dir=str(folder), cache_dir=str(tmp_path / "c")))
+        by_folder = load(write_hub_layout(tmp_path / "cifar10", {"train": 12, "test": 4}), tmp_path)
+        chosen = load(folder, tmp_path, hflip=True, cutout=4)  # generic, but the augmentation is the user's
+    assert named.spec.name == by_folder.spec.name == "cifar10" and chosen.spec.name == "custom"
+    lines = recipe_lines(caplog)
+    assert [line.levelno for line in lines] == [logging.INFO] * 3
+    assert "training with the cifar10 recipe" in lines[0].getMessage()
+    assert "as --dataset 'cifar10' names it" in lines[0].getMessage()
+    assert "as the folder's name says" in lines[1].getMessage()
+
+
+def test_a_copy_of_the_shared_cifar10_under_another_name_gets_the_cifar10_recipe(tmp_path):
+    readme = SHARED_DATA / "cifar10" / "README.md"
+    if not readme.is_file():
+        pytest.skip(f"{readme} not present (the shared local copy of cifar10 is not on this machine)")
+    folder = write_hub_layout(tmp_path / "my-cifar10-copy", {"train": 12, "test": 4})
+    (folder / "README.md").write_text(readme.read_text())
+    data = load(folder, tmp_path)
+    assert data.spec.name == "cifar10" and data.train.transform.cutout == 16 and data.train.transform.hflip
+
+
 def test_digits_ship_with_sklearn(tmp_path):
     data = load("digits", tmp_path)
     assert (len(data.train), len(data.eval)) == (1437, 360)

@@ -206,6 +206,29 @@ def test_a_finished_run_is_not_overwritten_without_the_flag(script, tmp_path):
     assert (out / "model.safetensors").is_file() and (out / "README.md").is_file()
 
 
+def test_a_run_ends_as_the_hugging_face_example_scripts_with_its_metrics_files(script, tmp_path, capsys):
+    # Issue 76: scripts/train.py evaluated at the end but wrote no eval_results.json or all_results.json.
+    out = tmp_path / "run"
+    split = "test" if script.name == "train.py" else "validation"
+    script(out, "--save_strategy", "no", "--eval_split", split, "--max_eval_samples", "4")
+    evaluation = json.loads((out / "eval_results.json").read_text())
+    assert 0.0 <= evaluation["eval_accuracy"] <= 1.0 and evaluation["eval_loss"] > 0
+    assert evaluation["eval_samples"] == 4
+    training = json.loads((out / "train_results.json").read_text())
+    assert training["train_runtime"] > 0 and training["train_samples"] == (64 if script.name == "train.py" else 96)
+    assert json.loads((out / "all_results.json").read_text()) == {**training, **evaluation}
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert any("train_runtime" in entry for entry in state["log_history"])
+    printed = capsys.readouterr().out  # trainer.log_metrics, as the example scripts print them
+    assert "***** train metrics *****" in printed and "***** eval metrics *****" in printed
+
+    # Without an evaluation split there is nothing to evaluate: no eval_results.json, and all_results.json is train's.
+    script(tmp_path / "plain", "--save_strategy", "no")
+    assert not (tmp_path / "plain" / "eval_results.json").exists()
+    assert json.loads((tmp_path / "plain" / "all_results.json").read_text()) == json.loads(
+        (tmp_path / "plain" / "train_results.json").read_text())
+
+
 def test_a_users_checkpoint_folder_survives_and_an_unfinished_run_resumes_only_when_asked(script, tmp_path):
     out = tmp_path / "run"
     notes = user_checkpoint(out)

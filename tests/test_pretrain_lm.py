@@ -31,7 +31,11 @@ def test_masked_lm_pretraining_gives_an_encoder_that_a_classifier_loads(tmp_path
     data = write_review_folder(tmp_path / "reviews")
     pretrain(data, tmp_path / "bert", "--objective", "mlm")
     saved = load_file(tmp_path / "bert" / "model.safetensors")
-    assert (tmp_path / "bert" / "train_results.json").is_file()
+    training = json.loads((tmp_path / "bert" / "train_results.json").read_text())
+    assert training["train_runtime"] > 0 and training["train_samples"] > 0
+    # No split is held out (each one --splits names is pretrained on): all_results.json is the training's alone.
+    assert json.loads((tmp_path / "bert" / "all_results.json").read_text()) == training
+    assert not (tmp_path / "bert" / "eval_results.json").exists()
     state = json.loads((tmp_path / "bert" / "trainer_state.json").read_text())  # as the HF example scripts end
     assert state["global_step"] == state["max_steps"] > 0
     assert any("train_runtime" in entry for entry in state["log_history"])

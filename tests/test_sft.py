@@ -152,7 +152,11 @@ def test_the_sft_script_trains_offline_and_writes_model_tokenizer_and_card(revie
     runpy.run_path(str(ROOT / "scripts" / "train_sft.py"), run_name="__main__")
     stats = json.loads((out / "sb_stats.json").read_text())
     assert stats["selection_forwards"] == 96 and 0 < stats["backwards"] < 96
-    assert "eval_perplexity" in json.loads((out / "eval_results.json").read_text())
+    evaluation = json.loads((out / "eval_results.json").read_text())
+    assert "eval_perplexity" in evaluation
+    training = json.loads((out / "train_results.json").read_text())
+    assert training["train_tokens_per_epoch"] > 0 and training["train_samples"] > 0
+    assert json.loads((out / "all_results.json").read_text()) == {**training, **evaluation}
     state = json.loads((out / "trainer_state.json").read_text())  # as the Hugging Face example scripts end
     assert state["global_step"] == stats["optimizer_steps"] > 0
     assert any("train_runtime" in entry for entry in state["log_history"])

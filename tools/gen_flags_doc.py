@@ -29,7 +29,8 @@ INTRO = f"""# Flags: every field `SelectiveBackpropConfig` adds to `TrainingArgu
 
 `SelectiveBackpropConfig` is `transformers.TrainingArguments` plus the fields below. Each is a
 dataclass field with a help string, so any `HfArgumentParser` script takes it as a command-line
-flag (`python scripts/train.py --help` lists them), and Python code passes it as a keyword
+flag (`python scripts/train.py --help` lists them after the script's own flags, before the Trainer's), and
+Python code passes it as a keyword
 argument (`SelectiveBackpropConfig(output_dir=..., sb_strategy="sb", sb_keep=0.5)`). The `sb_*` flags
 configure selection; `--lr_decay_milestones` and `--lr_decay_factor` add the paper's step decay to any
 of the Trainer's schedules, with or without selection. Invalid values

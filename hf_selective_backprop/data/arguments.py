@@ -11,13 +11,16 @@ class DataArguments:
         default="cifar10",
         metadata={
             "help": "cifar10, cifar100, svhn, mnist, digits (scikit-learn's, no download), a Hub id "
-            "(e.g. uoft-cs/cifar10) or a local folder in the Hub layout (e.g. path/to/cifar10; "
-            "a folder named after a known dataset gets that dataset's recipe)."
+            "(e.g. uoft-cs/cifar10) or a local folder in the Hub layout (e.g. path/to/cifar10). A folder named "
+            "after a known dataset, or whose dataset card (README.md) names one, gets that dataset's recipe "
+            "(normalization, flips, cutout); any other gets the generic one (statistics measured, no flips, no "
+            "cutout). The log says which recipe a run got; --data_dir chooses one for a folder."
         },
     )
     data_dir: str | None = field(
         default=None,
-        metadata={"help": "Local folder (Hub layout) holding --dataset, when its name does not say which it is."},
+        metadata={"help": "Local folder (Hub layout) holding the dataset --dataset names (e.g. --dataset cifar10 "
+                  "--data_dir path/to/my-copy): the folder trains with that dataset's recipe, whatever its name."},
     )
     dataset_config: str | None = field(
         default=None,

@@ -5,6 +5,7 @@ Nothing is decoded here: images stay encoded until the chosen rows are selected.
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -12,24 +13,34 @@ import datasets
 import numpy as np
 
 from .arguments import DataArguments
-from .specs import KNOWN_DATASETS, DatasetSpec, spec_for_folder, spec_for_name
+from .specs import GENERIC, KNOWN_DATASETS, DatasetSpec, describe_recipe, spec_for_card, spec_for_folder, spec_for_name
+
+logger = logging.getLogger(__name__)
 
 
 def open_source(args: DataArguments) -> tuple[datasets.DatasetDict, DatasetSpec, str]:
-    """The dataset's splits, its spec and a printable description of where it came from."""
+    """The dataset's splits, its spec and a printable description of where it came from. One log line says which
+    recipe (statistics, flips, cutout) the spec gives and what chose it; a WARNING where the user named none."""
     spec = spec_for_name(args.dataset)
     if args.data_dir is not None:
         folder = _existing_folder(args.data_dir, "--data_dir")
-        spec = spec or spec_for_folder(folder)
+        if spec is not None:
+            _say_recipe(args, spec, f"as --dataset {args.dataset!r} names it", str(folder), chosen=True, local=True)
+        else:
+            spec = _spec_of_folder(args, folder, str(folder))
         return _load(str(folder), args.dataset_config, args.cache_dir), spec, str(folder)
     if spec is not None and spec.name == "digits":
+        _say_recipe(args, spec, f"as --dataset {args.dataset!r} names it", "sklearn.datasets.load_digits",
+                    chosen=True)
         return sklearn_digits(), spec, "sklearn.datasets.load_digits"
     local = Path(args.dataset).expanduser()
     if local.exists():
         folder = _existing_folder(args.dataset, "--dataset")
-        return _load(str(folder), args.dataset_config, args.cache_dir), spec_for_folder(folder), str(folder)
+        spec = _spec_of_folder(args, folder, str(folder))
+        return _load(str(folder), args.dataset_config, args.cache_dir), spec, str(folder)
     if spec is not None:
         config = args.dataset_config or spec.config_name
+        _say_recipe(args, spec, f"as --dataset {args.dataset!r} names it", spec.hub_id, chosen=True)
         return _load(spec.hub_id, config, args.cache_dir), spec, spec.hub_id
     if args.dataset.startswith((".", "/", "~")) or args.dataset.count("/") != 1:
         raise ValueError(
@@ -37,7 +48,37 @@ def open_source(args: DataArguments) -> tuple[datasets.DatasetDict, DatasetSpec,
             "a Hub id (owner/name) nor an existing local folder"
         )
     # Any other owner/name goes to the Hub (needs the network); `datasets` explains failures.
-    return _load(args.dataset, args.dataset_config, args.cache_dir), spec_for_folder(Path(args.dataset)), args.dataset
+    spec = spec_for_folder(Path(args.dataset))
+    if spec is GENERIC:
+        _say_recipe(args, spec, "as its Hub id names no known dataset", args.dataset, chosen=False)
+    else:
+        _say_recipe(args, spec, "as its Hub id's name says", args.dataset, chosen=True)
+    return _load(args.dataset, args.dataset_config, args.cache_dir), spec, args.dataset
+
+
+def _spec_of_folder(args: DataArguments, folder: Path, source: str) -> DatasetSpec:
+    """A local folder's spec: by its name, else by what its dataset card (README.md) names, else generic."""
+    spec = spec_for_folder(folder)
+    if spec is not GENERIC:
+        _say_recipe(args, spec, "as the folder's name says", source, chosen=True, local=True)
+        return spec
+    carded, why = spec_for_card(folder)
+    _say_recipe(args, carded or GENERIC, why, source, chosen=False, local=True)
+    return carded or GENERIC
+
+
+def _say_recipe(args: DataArguments, spec: DatasetSpec, why: str, source: str, chosen: bool,
+                local: bool = False) -> None:
+    """Log the recipe a run trains with and what chose it: INFO where the user named it (a known name, a folder
+    named after one), WARNING where it was inferred from a dataset card or nothing named one (the generic recipe),
+    unless --hflip and --cutout both set the augmentation themselves."""
+    others = ", ".join(name for name, known in KNOWN_DATASETS.items() if known.hub_id)
+    how = "--hflip and --cutout set its augmentation"
+    if local:
+        how = (f"--dataset NAME --data_dir {args.data_dir or args.dataset} trains it with a known dataset's recipe "
+               f"(NAME: {others}); {how}")
+    level = logging.INFO if chosen or (args.hflip is not None and args.cutout is not None) else logging.WARNING
+    logger.log(level, "%s: training with %s, %s. %s", source, describe_recipe(spec), why, how)
 
 
 def _existing_folder(path: str, flag: str) -> Path:

@@ -21,6 +21,9 @@
 #                 control); then the report ($R/images/report.md)
 #   text-lr       the same choice on the text workload, at each of $TEXT_LRS
 #   text          the images part's runs on the text workload, at $TEXT_KEEPS, then $TEXT_MORE
+#   retime        (not by default) Traditional again for each seed of both workloads, into $R/images/retime and
+#                 $R/text/retime: machines differ in speed between sittings, and paired_report.py --retimed times
+#                 the runs of a later sitting against these
 # Every run is a process of its own, skipped when its <strategy>.json exists: stopping this and starting it again
 # goes on where it stopped. Timing is the point: run it on an otherwise idle machine.
 set -euo pipefail
@@ -95,6 +98,12 @@ for PART in ${PARTS:-lr images text-lr text}; do
             "EfficientNet-Lite0 (ImageNet-1k) fine-tuned on CIFAR-10, $IMAGE_TRAIN images at $IMAGE_SIZE px, $IMAGE_EPOCHS epochs" \
             $(early_names $IMAGE_KEEPS) $IMAGE_MORE -- "${IMAGE[@]}"
         ;;
+    retime)  # Traditional timed again, each seed, in this sitting: paired_report.py --retimed times this sitting's runs by it
+        for SEED in $SEEDS; do
+            runs "$R/images/retime/seed$SEED" "$SEED" "${LR:-$(best_lr "$R/images/lr")}" traditional -- "${IMAGE[@]}"
+            runs "$R/text/retime/seed$SEED" "$SEED" "${TEXT_LR:-$(best_lr "$R/text/lr")}" traditional -- "${TEXT[@]}"
+        done
+        ;;
     text-lr)
         for RATE in $TEXT_LRS; do runs "$R/text/lr/lr$RATE" 0 "$RATE" traditional -- "${TEXT[@]}"; done
         ;;
@@ -104,7 +113,7 @@ for PART in ${PARTS:-lr images text-lr text}; do
             $(early_names $TEXT_KEEPS) $TEXT_MORE -- "${TEXT[@]}"
         ;;
     *)
-        echo "unknown part $PART: lr, images, text-lr or text" >&2
+        echo "unknown part $PART: lr, images, text-lr, text or retime" >&2
         exit 2
         ;;
     esac

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import trl
@@ -20,6 +20,7 @@ from trl.trainer.utils import get_config_model_id
 
 from . import _compat
 from .config import SelectiveBackpropArguments
+from .default_strategy import DefaultChoice
 from .engine.packing import (
     PackedScorer,
     SequenceRowsCollator,
@@ -45,6 +46,16 @@ class SelectiveBackpropSFTConfig(SelectiveBackpropArguments, SFTConfig):
     ``bf16`` left unset is on where the hardware has bf16 (TRL turns it on whenever ``fp16`` is off, which
     transformers then refuses on a CPU with "You need to assign use_cpu"), off on a CPU, as the Trainer trains.
     """
+
+    sb_strategy: str = field(
+        # Every saving measured in SFT raised the validation loss, random subsets too (docs/results.md): SFT
+        # selects only when asked.
+        default=DefaultChoice("none"),
+        metadata={**SelectiveBackpropArguments.__dataclass_fields__["sb_strategy"].metadata,
+                  "help": SelectiveBackpropArguments.__dataclass_fields__["sb_strategy"].metadata["help"].split(
+                      " Default:")[0] + " Default for SFT: 'none' (every saving measured in SFT raised the "
+                      "validation loss, random subsets of the same cost too: docs/results.md)."},
+    )
 
     def __post_init__(self):
         accelerator_bf16 = is_torch_bf16_gpu_available() or is_torch_xla_available()

@@ -9,7 +9,6 @@ start, `get_batch_samples` (selection batches in, exactly `gradient_accumulation
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from functools import partial
@@ -18,20 +17,18 @@ import torch
 from transformers import Trainer
 from transformers.trainer_utils import has_length
 
-from . import _compat, default_strategy, loss_check, parallelism
+from . import _compat, loss_check, selection_setup
 from .cards import write_trainer_card
 from .config import SelectiveBackpropConfig, check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
 from .engine import SelectionEngine, budget, console, reference, rotation, run_signature, state_files, streams
 from .engine.accounting import STATS_FILE, finish_plain_run, finish_run, logged_counters, run_summary
-from .engine.callback import SelectionFlowCallback
 from .engine.data_state import DataState, follow_plain_loader, load_plain, read_plain, save_plain
 from .engine.engine import WEIGHT_KEY
 from .engine.epoch_plan import planned_sampler
-from .engine.indexing import keeping_ids, prepare_training_dataset, unnamed_rows
+from .engine.indexing import keeping_ids
 from .engine.padding import queue_padding
 from .engine.run_length import RunLength
 from .engine.scoring import SelectionScorer, selection_model
-from .engine.stall_guard import StallGuard, chance_loss
 from .logged_loss import LoggedLoss
 from .losses import (
     NoPerExampleLoss,
@@ -46,7 +43,7 @@ from .record import files as record_files
 from .record import keeper as record_keeping
 from .record import setup as record_setup
 from .selectors import build_selector
-from .selectors.class_budget import class_labels, refuse_token_labels
+from .selectors.class_budget import class_labels
 from .step_extras import StepExtras
 
 __all__ = ["STATS_FILE", "WEIGHT_KEY", "SelectiveBackpropMixin", "SelectiveBackpropTrainer"]
@@ -96,11 +93,11 @@ class SelectiveBackpropMixin:
         train_dataset = kwargs.get("train_dataset", args[3] if len(args) > 3 else None)
         # Before the Trainer's own refusal of a stream without max_steps, which does not name the budget.
         budget.refuse_unsized(given, train_dataset)
-        selector = self._selector_before_data(given, train_dataset, per_example_loss_func)
+        selector = selection_setup.selector_before_data(self, given, train_dataset, per_example_loss_func)
         subset_record = record_setup.subset_record(given)  # read before the data is prepared
         super().__init__(*args, **kwargs)
         self.selector = selector
-        with self._stepping_aside():
+        with selection_setup.stepping_aside(self):
             check_trainer_arguments(self, per_example_loss_func)
         self.label_name = self.label_names[0] if self.label_names else "labels"
         # The label smoother's factor: the Trainer drops it for multi-label classification.
@@ -112,70 +109,8 @@ class SelectiveBackpropMixin:
         self._records = record_setup.prepare(self, subset_record)
         console.show_fewer_counters(self)  # the sb/* counters a person reads; every one still goes to report_to
         if self.selector is not None:
-            with self._stepping_aside():
-                self._set_up_selection(reference_model, per_example_loss_func)
-
-    def _selector_before_data(self, given, train_dataset, per_example_loss_func):
-        """The strategy's selector (None without selection), once what this trainer refuses before the wrapped
-        trainer prepares its data (which can take long) is checked: the default steps aside there instead."""
-        selector = build_selector(given) if given is not None else None
-        try:
-            self._refuse_before_data(given, selector, per_example_loss_func)
-            unnamed = unnamed_rows(train_dataset) if selector is not None else None
-            if unnamed is not None:
-                raise default_strategy.CannotSelect(f"--sb_strategy {given.sb_strategy} keys examples by id: {unnamed}")
-        except default_strategy.CannotSelect as why:
-            if not default_strategy.is_default(given):
-                raise
-            default_strategy.step_aside(given, str(why))
-            return None
-        return selector
-
-    def _set_up_selection(self, reference_model, per_example_loss_func) -> None:
-        """Selection's checks, data, engine and hooks; the checks that can refuse the setup come first, so that a
-        default strategy stepping aside leaves the Trainer as it was."""
-        parallelism.refuse_unsupported(self)
-        if self.selector.produces_weights:
-            self.loss_scale_rule.check(self)  # an upstream that scales otherwise fails here, not in the gradients
-        if self.train_dataset is not None:
-            streams.check_training_data(self.args, self.selector, self.train_dataset)  # ids, split, infobatch
-            self.train_dataset = prepare_training_dataset(self.train_dataset, self.model, self.args, self.label_names)
-        if self.selector.uses_reference_losses:
-            self._reference, self.train_dataset = reference.Reference.resolve(
-                self, reference_model, per_example_loss_func
-            )
-        if self.selector.uses_stored_labels:
-            refuse_token_labels(model_task(self.accelerator.unwrap_model(self.model)),
-                                f"--sb_strategy {self.args.sb_strategy}")
-        self._fit_selector_to_model()
-        self.engine = self._build_engine()
-        if per_example_loss_func is None:
-            self._check_automatic_loss()
-        self.add_callback(rotation.RunCheckpoints())
-        StallGuard.attach(self)  # warns once if selection holds a classifier at chance
-        # In the default flow's place: an epoch-based run ends when its data does (engine/callback.py).
-        self._flow_callback = SelectionFlowCallback(self)
-        _compat.replace_default_flow(self, self._flow_callback)
-
-    @contextlib.contextmanager
-    def _stepping_aside(self):
-        """Within: a setup selection cannot run on is refused for a chosen strategy; the default steps aside, and
-        the trainer trains as Trainer does, the record included where it can."""
-        try:
-            yield
-        except default_strategy.CannotSelect as why:
-            if self.selector is None or not default_strategy.is_default(self.args):
-                raise
-            self._step_aside(why)
-
-    def _fit_selector_to_model(self) -> None:
-        """What a strategy reads of the model: a ranking by early losses warns when they sit at chance."""
-        if hasattr(self.selector, "chance_loss"):
-            self.selector.chance_loss = chance_loss(self.accelerator.unwrap_model(self.model))
-
-    def _step_aside(self, why: Exception) -> None:
-        default_strategy.step_aside(self.args, str(why))
-        self.selector, self.engine = None, None
+            with selection_setup.stepping_aside(self):
+                selection_setup.set_up_selection(self, reference_model, per_example_loss_func)
 
     def _with_default_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """The constructor's arguments, with `default_arguments` where ``args`` is not given (or None), as `Trainer`
@@ -311,13 +246,15 @@ class SelectiveBackpropMixin:
 
     def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, *rest, **kwargs):
         if self._records:  # each loop (an auto_find_batch_size restart too) records its own training
-            self.record_keeper = record_keeping.RecordKeeper(self.accelerator, self.args.sb_index_column)
+            self.record_keeper = record_keeping.RecordKeeper(self.accelerator, self.args.sb_index_column,
+                                                             self.train_dataset)
         if self.selector is not None:
             _compat.adopt_loop_batch_size(self, batch_size)  # auto_find_batch_size: a restart's or a resumed run's
-            if self._loops_started or self._engine_batch_size != _compat.train_batch_size(self):
-                # An earlier loop's state, or micro-batches of another size: start afresh.
+            trial = kwargs.get("trial", rest[0] if rest else None)
+            if self._loops_started or self._engine_batch_size != _compat.train_batch_size(self) or trial is not None:
+                # An earlier loop's state, micro-batches of another size, or a search trial's settings: afresh.
                 self.selector = build_selector(self.args)
-                self._fit_selector_to_model()
+                selection_setup.fit_selector_to_model(self)
                 self.engine = self._build_engine()
             self.engine.record = self.record_keeper
             self._loops_started += 1
@@ -455,15 +392,17 @@ class SelectiveBackpropMixin:
             if self.selector is not None:
                 self._flow_callback.stop_filtering()
                 rotation.train_ended(self)
+        # A hyperparameter search's trial writes into its own folder, as its checkpoints go.
+        folder = _compat.output_dir(self, kwargs.get("trial", args[0] if args else None))
         if self.selector is not None:
-            self.sb_stats = finish_run(self, output.metrics, self._expected_steps)
+            self.sb_stats = finish_run(self, output.metrics, self._expected_steps, folder)
         else:
-            self.sb_stats = finish_plain_run(self, output.metrics)
+            self.sb_stats = finish_plain_run(self, output.metrics, folder)
         written = None
         if self.record_keeper is not None:
-            written = self.record_keeper.write(self.args.output_dir, self.args.should_save, self.train_dataset)
+            written = self.record_keeper.write(folder, self.args.should_save)
         if written is None and self.args.should_save:
-            record_files.set_aside_previous(self.args.output_dir)
+            record_files.set_aside_previous(folder)
         return output
 
     def create_model_card(self, *args, **kwargs):

@@ -70,7 +70,13 @@ def test_the_demos_strategies_print_a_line_as_each_run_ends_then_the_table(tmp_p
     assert [line.split(":")[0] for line in lines if line.startswith("[")] == ["[1/3] none", "[2/3] infobatch",
                                                                                "[3/3] uniform"]
     table = printed[printed.index("\ndigits, resnet18"):].strip()
-    assert "| run | test accuracy | backward passes | selection forwards | train time (s) | saving vs none |" in table
+    assert ("| run | test accuracy | backward passes | fewer backward passes | selection forwards | train time (s) "
+            "| saving vs none |") in table
+    fewer = {row.split("|")[1].strip(): row.split("|")[4].strip() for row in table.splitlines()
+             if row.startswith("| ") and "x |" in row}
+    # the machine-independent column: the plain run's backward passes over each run's
+    assert fewer["none"] == "1.00x"
+    assert fewer["uniform:0.65"] == f"{600 / stats(out / 'uniform-keep0.65')['backwards']:.2f}x"
     assert [row.split("|")[1].strip() for row in table.splitlines() if row.startswith("| ") and "---" not in row][1:] \
         == ["none", "infobatch", "uniform:0.65"]
     assert (out / "compare.md").read_text().strip() == table

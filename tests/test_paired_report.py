@@ -29,3 +29,22 @@ def test_each_setting_is_paired_with_its_seeds_traditional_and_controls(tmp_path
     coverage = next(line for line in text.splitlines() if line.startswith("| early-coverage-keep0.3 |"))
     # Early pruning's uniform control costs what any early setting at the same keep costs.
     assert "uniform-for-early-prune-keep0.3: +4.00 ± 1.73 (above in 3 of 3)" in coverage
+
+
+def test_a_run_of_a_later_sitting_is_timed_against_traditional_timed_again_in_that_sitting(tmp_path):
+    def logged(folder, strategy, accuracy, seconds, commit):
+        write(folder, strategy, accuracy, seconds)
+        path = folder / f"{strategy}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "provenance": {"commit": commit}}))
+
+    for seed in (0, 1):
+        logged(tmp_path / "runs" / f"seed{seed}", "traditional", 80, 100.0, "first")
+        logged(tmp_path / "runs" / f"seed{seed}", "early-prune-keep0.3", 79, 50.0, "first")
+        logged(tmp_path / "runs" / f"seed{seed}", "infobatch", 79, 40.0, "later")  # a faster machine, later
+        logged(tmp_path / "retime" / f"seed{seed}", "traditional", 81, 60.0, "later")
+    text = report(str(tmp_path / "runs"), str(tmp_path / "retime"))
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines() if line.startswith("| ")}
+    assert "| 1.50 ± 0.00x |" in rows["infobatch"]  # 60 s / 40 s: the same sitting's Traditional
+    assert "| -1.00 ± 0.00 |" in rows["infobatch"]  # accuracy: still against the seed's own Traditional
+    assert "| 2.00 ± 0.00x |" in rows["early-prune-keep0.3"]  # 100 s / 50 s: its own sitting's
+    assert "2.50" not in rows["infobatch"]  # not 100 s / 40 s

@@ -121,3 +121,54 @@ def test_the_hub_example_runs_with_the_installed_copy_of_its_backbone(tmp_path, 
     trainer = namespace["trainer"]
     assert pushed == [trainer] and trainer.state.global_step > 0
     assert 0 < trainer.sb_stats["backwards"] < trainer.sb_stats["examples_seen"] == 3 * 512
+
+
+def _quoted_flag_sets(text: str) -> list[str]:
+    """Every `--sb_strategy ...` flag set the README quotes in backticks, placeholders (a value like K) left out."""
+    quotes = re.findall(r"`(--sb_strategy [^`]*)`", text)
+    return [quote for quote in quotes if not re.search(r"\s[A-Z]\b", quote)]
+
+
+def _flags(quote: str) -> dict[str, object]:
+    words = quote.split()
+    return {flag[2:]: _number_or_text(value) for flag, value in zip(words[::2], words[1::2], strict=True)}
+
+
+def _number_or_text(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def test_every_flag_set_the_readme_quotes_is_one_a_benchmark_ran():
+    """The command quoted is the command measured: each quoted flag set equals the `sb_*` settings of a run the
+    benchmarks logged (numbers as the README rounds them), every other setting of that run at its default."""
+    import json
+
+    from hf_selective_backprop.config import DEFAULT_KEEP, SelectiveBackpropConfig
+
+    defaults = {name: _number_or_text(value) for name, value in vars(SelectiveBackpropConfig("out")).items()
+                if name.startswith("sb_")}
+    defaults["sb_keep"] = DEFAULT_KEEP
+    runs = []
+    for path in (README.parent / "benchmarks" / "results").rglob("*.json"):
+        log = json.loads(path.read_text())
+        if isinstance(log, dict) and isinstance(log.get("overrides"), dict):
+            runs.append({name: _number_or_text(value) for name, value in log["overrides"].items()
+                         if name.startswith("sb_")})
+    assert len(runs) > 100
+
+    def same(quoted, measured) -> bool:
+        if isinstance(quoted, float) and isinstance(measured, float):
+            return abs(quoted - measured) <= 0.005 + 1e-9
+        return quoted == measured
+
+    def ran(flags: dict) -> bool:
+        return any(all(same(value, run.get(name)) for name, value in flags.items())
+                   and all(same(defaults.get(name), value) for name, value in run.items() if name not in flags)
+                   for run in runs)
+
+    quotes = _quoted_flag_sets(README.read_text())
+    assert len(quotes) > 10
+    assert [quote for quote in quotes if not ran(_flags(quote))] == []

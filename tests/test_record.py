@@ -457,6 +457,25 @@ def test_the_data_map_names_its_regions(tmp_path):
     assert (tmp_path / "map.pdf").read_bytes()[:5] == b"%PDF-"
 
 
+@pytest.mark.parametrize("learned", [0.2, 0.9])
+def test_the_data_map_draws_its_cuts_and_says_when_the_model_barely_learned(tmp_path, monkeypatch, learned):
+    from matplotlib.axes import Axes
+
+    drawn = {"text": [], "vertical": []}
+    monkeypatch.setattr(Axes, "axvline", lambda axes, x, **kw: drawn["vertical"].append(x))
+    real_text = Axes.text
+    monkeypatch.setattr(Axes, "text", lambda axes, x, y, s, **kw: drawn["text"].append(s) or real_text(
+        axes, x, y, s, **kw))
+    table = Dataset.from_dict({
+        "confidence": [0.9, 0.8, 0.2, 0.1, 0.5, 0.5], "variability": [0.0, 0.01, 0.0, 0.02, 0.3, 0.4],
+        "correctness": [learned] * 6,
+        "region": [record.EASY, record.EASY, record.HARD, record.HARD, record.AMBIGUOUS, record.AMBIGUOUS],
+    })
+    record.data_map(table, str(tmp_path / "map.png"))
+    assert drawn["vertical"] == [pytest.approx(0.3)]  # the least variable ambiguous example: the cut
+    assert any("barely learned" in text for text in drawn["text"]) == (learned < 0.5)
+
+
 def test_the_regions_put_the_most_variable_third_in_ambiguous():
     from hf_selective_backprop.record.scores import regions
 

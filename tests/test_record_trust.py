@@ -351,3 +351,74 @@ def test_an_image_datasets_fingerprint_reads_its_label_tensor_through_a_subset_w
     moved.labels = moved.labels.roll(1)  # ids by position over other rows
     with pytest.raises(ValueError, match="here: the record was written on other data"):
         check_same_data(saved, moved, numpy.arange(200), "here")
+
+
+# ---- the record's resume -------------------------------------------------------------------------------------
+
+def _checkpointed(output_dir, dataset, strategy="none", **overrides):
+    """A run of 2 epochs saving each epoch, and its first epoch's checkpoint."""
+    trainer = _train(output_dir, dataset, sb_strategy=strategy, save_strategy="epoch", **overrides)
+    (first, *_) = sorted(Path(output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+    return trainer, first
+
+
+def _resume(output_dir, checkpoint, dataset, caplog, **overrides):
+    import logging
+
+    args = make_config(output_dir, **{"sb_strategy": "none", "save_strategy": "epoch", **overrides})
+    trainer = SelectiveBackpropTrainer(model=TinyClassifier(), args=args, train_dataset=dataset)
+    with caplog.at_level(logging.WARNING):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+    table = record.load_record(output_dir)
+    from hf_selective_backprop.record.files import record_metadata
+    return table, record_metadata(table)
+
+
+def test_a_checkpoint_that_lost_its_record_resumes_into_a_record_that_says_it_is_partial(tmp_path, caplog):
+    data = make_dataset(64)
+    _, checkpoint = _checkpointed(str(tmp_path / "run"), data)
+    (checkpoint / "sb_record.pt").unlink()
+    _, metadata = _resume(str(tmp_path / "run"), checkpoint, data, caplog)
+    assert metadata["complete"] is False
+    assert "or the file was removed" in caplog.text and "complete: false" in caplog.text
+    whole = record.load_record(str(_checkpointed(str(tmp_path / "whole"), data)[0].args.output_dir))
+    from hf_selective_backprop.record.files import record_metadata
+    assert record_metadata(whole)["complete"] is True
+
+
+def test_another_datasets_record_in_a_checkpoint_is_not_merged(tmp_path, caplog):
+    data, other = make_dataset(64, seed=0), make_dataset(64, seed=5)
+    _, checkpoint = _checkpointed(str(tmp_path / "run"), data)
+    _, foreign = _checkpointed(str(tmp_path / "other"), other)
+    (checkpoint / "sb_record.pt").write_bytes((foreign / "sb_record.pt").read_bytes())
+    table, metadata = _resume(str(tmp_path / "run"), checkpoint, data, caplog)
+    assert "was written on other data" in caplog.text and metadata["complete"] is False
+    assert max(table["times_backpropagated"]) == 1  # only the epoch after the resume: nothing merged
+
+
+@pytest.mark.parametrize("turned", ["on", "off"])
+def test_a_resume_may_turn_the_record_on_or_off(tmp_path, caplog, turned):
+    data = make_dataset(64)
+    _, checkpoint = _checkpointed(str(tmp_path / "run"), data, strategy="sb", sb_record=turned == "off")
+    args = make_config(str(tmp_path / "run"), sb_strategy="sb", save_strategy="epoch", sb_record=turned == "on")
+    trainer = SelectiveBackpropTrainer(model=TinyClassifier(), args=args, train_dataset=data)
+    with pytest.warns(UserWarning, match="sb_record: saved"):
+        trainer.train(resume_from_checkpoint=str(checkpoint))
+    assert (tmp_path / "run" / record.RECORD_FILE).exists() == (turned == "on")
+
+
+def test_a_full_disk_while_the_record_is_written_leaves_train_to_finish(tmp_path, monkeypatch, caplog):
+    import errno
+    import logging
+
+    import pyarrow.parquet
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pyarrow.parquet, "write_table", full_disk)
+    with caplog.at_level(logging.ERROR):
+        trainer = _train(str(tmp_path / "run"))
+    assert trainer.state.global_step > 0 and trainer.sb_stats["backwards"] > 0
+    assert "could not be written to" in caplog.text and record.RECORD_FILE in caplog.text
+    assert not (tmp_path / "run" / record.RECORD_FILE).exists()

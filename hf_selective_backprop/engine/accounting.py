@@ -234,19 +234,20 @@ def logged_counters(trainer) -> dict:
     return {f"sb/{k}": v for k, v in summary.items() if k not in (*WALL_CLOCK_FIGURES, "strategy")}
 
 
-def finish_plain_run(trainer, metrics: dict) -> dict:
+def finish_plain_run(trainer, metrics: dict, folder: str) -> dict:
     """A run without selection's summary, as `finish_run` gives a selective one's: in train()'s ``metrics`` and
-    sb_stats.json."""
+    sb_stats.json in ``folder`` (the run's: a hyperparameter search trial's own)."""
     stats = plain_run_summary(trainer, metrics.get("train_runtime"))
     metrics.update({f"sb/{k}": v for k, v in stats.items()})
     if trainer.args.should_save:
-        write_stats(stats, os.path.join(trainer.args.output_dir, STATS_FILE))
+        os.makedirs(folder, exist_ok=True)
+        write_stats(stats, os.path.join(folder, STATS_FILE))
     return stats
 
 
-def finish_run(trainer, metrics: dict, expected_steps: int) -> dict:
-    """The run's summary (a collective), added to train()'s ``metrics`` and written to sb_stats.json; the notes on
-    it (`end_of_run_notes`) are logged, each at its level, by the process that logs."""
+def finish_run(trainer, metrics: dict, expected_steps: int, folder: str) -> dict:
+    """The run's summary (a collective), added to train()'s ``metrics`` and written to sb_stats.json in ``folder``;
+    the notes on it (`end_of_run_notes`) are logged, each at its level, by the process that logs."""
     args = trainer.args
     stats = {**trainer.selection_summary(), "strategy": args.sb_strategy, "expected_steps": expected_steps}
     if stats.get("cost_phi_source") == PHI_MEASURING:  # it ended first: its cost is priced at the cost model's phi
@@ -257,7 +258,8 @@ def finish_run(trainer, metrics: dict, expected_steps: int) -> dict:
     notes = end_of_run_notes(stats, trainer.selector.expected_keep_fraction(), args.sb_history_size, rows_per_step)
     metrics.update({f"sb/{k}": v for k, v in stats.items()})
     if args.should_save:
-        write_stats(stats, os.path.join(args.output_dir, STATS_FILE))
+        os.makedirs(folder, exist_ok=True)
+        write_stats(stats, os.path.join(folder, STATS_FILE))
     if args.should_log:
         for level, note in notes:
             logger.log(level, note)

@@ -42,12 +42,14 @@ from .indexing import IndexedDataset
 #: ``sb_*`` flags that decide nothing: the size of a selection forward (a resumed epoch skips rows,
 #: not batches) and how it runs or is timed.
 SPEED_ONLY = ("sb_selection_batch_size", "sb_selection_inference_mode", "sb_selection_channels_last", "sb_sync_timers")
+#: ``sb_*`` flags of a by-product that selection never reads: the example record may be turned on or off on resume.
+BY_PRODUCTS = ("sb_record",)
 SEEDS = ("seed", "data_seed")
 #: Settings a resumed run may change.
 TRAINING = (
     "per_device_train_batch_size", "gradient_accumulation_steps", *SPEED_ONLY, "learning_rate", "weight_decay",
     "num_train_epochs", "max_steps", "logging_strategy", "logging_steps", "eval_strategy", "eval_steps",
-    "save_strategy", "save_steps", "save_total_limit", "dataloader_num_workers",
+    "save_strategy", "save_steps", "save_total_limit", "dataloader_num_workers", *BY_PRODUCTS,
 )  # fmt: skip
 #: Changes that do not take effect, and why.
 KEPT_FROM_CHECKPOINT = {
@@ -76,7 +78,8 @@ MODEL_FIELDS = (
 def describe(args, dataset, model: torch.nn.Module | None = None, model_flags: dict | None = None) -> dict:
     """The record a checkpoint keeps of the run: ``args`` a `SelectiveBackpropConfig`, ``dataset`` the training
     data, ``model`` the (unwrapped) model, ``model_flags`` the flags a script built it from."""
-    selection = [f.name for f in dataclasses.fields(args) if f.name.startswith("sb_") and f.name not in SPEED_ONLY]
+    selection = [f.name for f in dataclasses.fields(args)
+                 if f.name.startswith("sb_") and f.name not in (*SPEED_ONLY, *BY_PRODUCTS)]
     return {
         "selection": {name: _plain(_in_effect(args, name)) for name in [*selection, *SEEDS]},
         "training": {name: _plain(getattr(args, name)) for name in TRAINING},

@@ -17,6 +17,9 @@ from PIL import Image  # noqa: E402  (a dependency of matplotlib)
 from .files import written_in_place_of  # noqa: E402
 from .scores import AMBIGUOUS, EASY, HARD  # noqa: E402
 
+#: The mean correctness under which the figure says the model barely learned (a classifier near chance still
+#: puts every example in a region).
+BARELY_LEARNED = 0.5
 #: Points drawn at most: beyond it a random sample (seeded) shows the same picture, faster and lighter.
 MAX_POINTS = 50_000
 
@@ -36,9 +39,19 @@ def draw_data_map(table, path: str, title: str | None = None) -> dict[str, int]:
     points = axes.scatter(variability[shown], confidence[shown], c=correctness[shown], cmap="viridis", vmin=0,
                           vmax=1, s=4, alpha=0.6, linewidths=0)
     figure.colorbar(points, ax=axes, label="correctness (share of scorings learned)")
+    # The cuts the regions are counted by: confidence 1/2, and the variability from which the most variable third
+    # is ambiguous (scores.regions).
     axes.axhline(0.5, color="grey", linewidth=0.8, linestyle="--")
+    ambiguous = known & (region == AMBIGUOUS)
+    if ambiguous.any():
+        axes.axvline(float(variability[ambiguous].min()), color="grey", linewidth=0.8, linestyle=":")
     counts = {name: int((region[known] == name).sum()) for name in (EASY, AMBIGUOUS, HARD)}
     total = max(int(known.sum()), 1)
+    learned = float(numpy.nanmean(correctness[known])) if known.any() else float("nan")
+    if learned < BARELY_LEARNED:
+        axes.text(0.5, 0.5, f"the model barely learned: {100 * learned:.0f} % of scorings right;\nthe regions say "
+                  "little about the examples", transform=axes.transAxes, ha="center", va="center", fontsize=11,
+                  color="darkred", bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "darkred"})
     places = {EASY: (0.02, 0.96, "top"), HARD: (0.02, 0.04, "bottom"), AMBIGUOUS: (0.98, 0.5, "center")}
     for name, (x, y, vertical) in places.items():
         axes.text(x, y, f"{name}: {counts[name]:,} ({100 * counts[name] / total:.0f} %)", transform=axes.transAxes,

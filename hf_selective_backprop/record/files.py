@@ -57,11 +57,13 @@ def written_in_place_of(path: str):
         raise
 
 
-def write_record(record: ExampleRecord, path: str, id_column: str, data: dict | None = None) -> datasets.Dataset:
+def write_record(record: ExampleRecord, path: str, id_column: str, data: dict | None = None,
+                 complete: bool = True) -> datasets.Dataset:
     """Write the record's table to ``path`` (parquet), with ``data`` (the fingerprint of the data it was written
-    on, or None) in its metadata, and its data map beside it, when matplotlib is installed."""
+    on, or None) and ``complete`` (False: it covers only the training after a resume that found no record to
+    continue) in its metadata, and its data map beside it, when matplotlib is installed."""
     table = record_dataset(record, id_column)
-    metadata = {"id_column": id_column, "data": data}
+    metadata = {"id_column": id_column, "data": data, "complete": complete}
     _attach(table, metadata)
     arrow = table.data.table
     arrow = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), METADATA_KEY: json.dumps(metadata)})

@@ -7,6 +7,7 @@ its state (``sb_record.pt``) so that a resumed run ends with the record of an un
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -15,9 +16,10 @@ import torch
 from transformers import TrainerCallback
 
 from ..engine.checkpoints import atomic_save
+from ..engine.indexing import ids_by_position
 from .feed import FLUSH_EVERY_STEPS, RecordFeed
 from .files import RECORD_FILE, write_record
-from .fingerprint import data_fingerprint
+from .fingerprint import check_same_data, data_fingerprint
 from .table import ExampleRecord
 
 logger = logging.getLogger(__name__)
@@ -29,8 +31,8 @@ RECORD_STATE_FILE = "sb_record.pt"
 class RecordKeeper:
     """The record of one training run, its events not yet applied, and the epoch a run without selection is in."""
 
-    def __init__(self, accelerator, id_column: str):
-        self.accelerator, self.id_column = accelerator, id_column
+    def __init__(self, accelerator, id_column: str, dataset=None):
+        self.accelerator, self.id_column, self.dataset = accelerator, id_column, dataset
         self.record = ExampleRecord()
         self.feed = RecordFeed(accelerator)
         #: The epoch events of a run without a selection engine belong to (set at each epoch's start).
@@ -70,11 +72,22 @@ class RecordKeeper:
             self.feed.flush(self.record)
 
     def state_dict(self) -> dict:
-        return {"record": self.record.state_dict(), "complete": self.complete}
+        return {"record": self.record.state_dict(), "complete": self.complete, "data": self.fingerprint}
 
     def load_state_dict(self, state: dict) -> None:
         self.record.load_state_dict(state["record"])
         self.complete = bool(state["complete"])
+
+    @functools.cached_property
+    def fingerprint(self) -> dict | None:
+        """The training data's `data_fingerprint` (None where it cannot be read without loading rows), read once:
+        the data does not change within a run."""
+        try:
+            return data_fingerprint(self.dataset, self.id_column) if self.dataset is not None else None
+        except Exception as error:  # a run's record outweighs its check: written without one, as an older record is
+            logger.warning(f"the example record is written without a fingerprint of its data ({error!r}): a later "
+                           "use of it on a dataset cannot check that it is the same data")
+            return None
 
     def save(self, folder: str, should_save: bool) -> None:
         """Flush, then write the record's state into the checkpoint ``folder`` (every process calls this)."""
@@ -86,18 +99,39 @@ class RecordKeeper:
     def load(self, checkpoint: str) -> None:
         """Restore the record saved in ``checkpoint``; one saved without a record leaves it to cover the rest only."""
         path = os.path.join(checkpoint, RECORD_STATE_FILE)
-        if os.path.isfile(path):
-            self.load_state_dict(torch.load(path, weights_only=True))
+        if not os.path.isfile(path):
+            self._covers_only_what_follows(
+                f"{checkpoint} holds no {RECORD_STATE_FILE} (it was saved with --sb_record False, by another trainer, "
+                "or the file was removed)")
             return
-        self.complete = False
-        logger.warning(
-            f"{checkpoint} holds no {RECORD_STATE_FILE} (it was saved with --sb_record False, or by another "
-            "trainer): the example record covers only the training that follows this resume"
-        )
+        state = torch.load(path, weights_only=True)
+        other_data = self._other_data(state.get("data"))
+        if other_data is not None:
+            self._covers_only_what_follows(f"{checkpoint}'s {RECORD_STATE_FILE} was written on other data "
+                                           f"({other_data}), so it is not merged")
+            return
+        self.load_state_dict(state)
 
-    def write(self, output_dir: str, should_save: bool, dataset=None) -> str | None:
-        """Flush, then write the record's table (and its data map) into ``output_dir``, with the fingerprint of
-        ``dataset``, the training data; returns the table's path."""
+    def _other_data(self, saved: dict | None) -> str | None:
+        """Why the record a checkpoint holds belongs to other data than this run's, or None (the same data, or
+        either fingerprint unknown)."""
+        if saved is None or self.fingerprint is None:
+            return None
+        try:
+            check_same_data(saved, self.dataset, ids_by_position(self.dataset, self.id_column).numpy(),
+                            RECORD_STATE_FILE)
+        except ValueError as why:
+            return str(why)
+        return None
+
+    def _covers_only_what_follows(self, why: str) -> None:
+        self.complete = False
+        logger.warning(f"{why}: the example record covers only the training that follows this resume, and its "
+                       "file says so (complete: false in its metadata)")
+
+    def write(self, output_dir: str, should_save: bool) -> str | None:
+        """Flush, then write the record's table (and its data map) into ``output_dir``, with the fingerprint of the
+        training data and whether the record covers the whole run; returns the table's path."""
         self.flush()
         if not should_save or self.stopped is not None:
             return None
@@ -105,16 +139,13 @@ class RecordKeeper:
             logger.warning("the example record holds no example (no training batch carried ids): nothing written")
             return None
         path = os.path.join(output_dir, RECORD_FILE)
-        write_record(self.record, path, self.id_column, self._fingerprint(dataset))
-        return path
-
-    def _fingerprint(self, dataset) -> dict | None:
         try:
-            return data_fingerprint(dataset, self.id_column) if dataset is not None else None
-        except Exception as error:  # a run's record outweighs its check: written without one, as an older record is
-            logger.warning(f"the example record is written without a fingerprint of its data ({error!r}): a later "
-                           "use of it on a dataset cannot check that it is the same data")
+            write_record(self.record, path, self.id_column, self.fingerprint, complete=self.complete)
+        except OSError as error:  # a full disk, a read-only folder: the run and its model outrank the by-product
+            logger.error(f"the example record could not be written to {path} ({error}); the training and the "
+                         "model are unaffected")
             return None
+        return path
 
 
 class RecordCallback(TrainerCallback):

@@ -22,7 +22,7 @@ def test_the_default_strategy_is_infobatch_which_collapsed_no_measured_workload(
     (parsed,) = HfArgumentParser(SelectiveBackpropConfig).parse_args_into_dataclasses(["--output_dir", "o"])
     assert parsed.sb_strategy == "infobatch"
     help_text = next(a.help for a in HfArgumentParser(SelectiveBackpropConfig)._actions if a.dest == "sb_strategy")
-    assert "Default: 'infobatch'" in help_text and "stalled at a 50/50 answer" in help_text
+    assert "Default: 'infobatch'" in help_text and "stalled fine-tuning a text classifier" in help_text
     assert "docs/results.md" in help_text
 
 

@@ -49,13 +49,15 @@ def test_the_readme_reads_in_two_minutes_and_keeps_what_a_newcomer_needs():
     needed = [
         "make demo", "make test",  # the two set-up commands
         "SelectiveBackpropTrainer(model=model", "AutoModelForImageClassification",  # the swap-in example
-        "| workload | Traditional |",  # the headline table
+        "| workload | plain training |",  # the headline table
         "accelerate launch", "push_to_hub",
         "CIFAR-10", "CIFAR-100", "SVHN", "MNIST",
         "SelectiveBackpropSFTTrainer", "scripts/train_text.py",  # the TRL pair and the text workflow
         "## Which strategy when", "## Should I use it, and with what?",
     ]
     assert [phrase for phrase in needed if phrase not in text] == []
+    # the words of the benchmark log, not a reader's: plain training is `none`
+    assert [word for word in ("Traditional", "stand-in", "target (a)") if word in text] == []
 
 
 def test_the_first_screen_gives_a_verdict_per_workload_with_numbers_linked_to_the_record():
@@ -170,5 +172,5 @@ def test_every_flag_set_the_readme_quotes_is_one_a_benchmark_ran():
                    for run in runs)
 
     quotes = _quoted_flag_sets(README.read_text())
-    assert len(quotes) > 10
+    assert len(quotes) >= 6
     assert [quote for quote in quotes if not ran(_flags(quote))] == []

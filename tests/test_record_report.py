@@ -111,7 +111,7 @@ def test_every_ranking_of_a_noisy_runs_record_is_scored_beside_cleanlabs(tmp_pat
 
 def test_the_record_clock_adds_up_the_time_inside_the_records_calls_and_puts_them_back():
     original = RecordKeeper.flush
-    keeper = SimpleNamespace(feed=SimpleNamespace(flush=lambda record: time.sleep(0.05)), record=None)
+    keeper = SimpleNamespace(feed=SimpleNamespace(flush=lambda record: time.sleep(0.05)), record=None, stopped=None)
     with RecordClock() as clock:
         RecordKeeper.flush(keeper)
         RecordKeeper.flush(keeper)

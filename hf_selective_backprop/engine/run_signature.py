@@ -241,7 +241,9 @@ def _plain(value):
     # Only plain values: checkpoints are read with torch.load(weights_only=True).
     if isinstance(value, enum.Enum):
         value = value.value
-    return value if isinstance(value, (bool, int, float, str, type(None))) else str(value)
+    if isinstance(value, str):
+        return str.__str__(value)  # a str subclass (the default strategy's DefaultChoice) as the plain string
+    return value if isinstance(value, (bool, int, float, type(None))) else str(value)
 
 
 def dataset_fingerprint(dataset) -> dict:

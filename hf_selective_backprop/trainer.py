@@ -28,10 +28,13 @@ from .engine.epoch_plan import planned_sampler
 from .engine.indexing import keeping_ids
 from .engine.padding import queue_padding
 from .engine.run_length import RunLength
-from .engine.scoring import SelectionScorer, selection_model
+from .engine.scoring import SelectionScorer, naming_examples, selection_model
+from .engine.stall_guard import label_count
 from .logged_loss import LoggedLoss
 from .losses import (
+    BadRowsError,
     NoPerExampleLoss,
+    check_class_labels,
     example_margins,
     labels_already_read,
     model_task,
@@ -322,7 +325,11 @@ class SelectiveBackpropMixin:
         if not (model.training and labels is not None and (weights is not None or refresh or recorded)):
             # Outputs only when they are read: TRL's SFTTrainer runs a second forward to return them.
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        loss, outputs = self._loss_and_outputs(model, inputs, num_items_in_batch)
+        try:
+            loss, outputs = self._loss_and_outputs(model, inputs, num_items_in_batch)
+        except (IndexError, RuntimeError) as error:
+            self._name_bad_labels(labels, ids)  # only once the step failed: checking first would wait every step
+            raise error
         # The model's own loss has read these labels: checking them again would wait for the device every step.
         with labels_already_read(self.per_example_loss_func):
             if weights is None:
@@ -351,6 +358,17 @@ class SelectiveBackpropMixin:
                 margins = example_margins(self.per_example_loss_func, outputs, labels)
             self.record_keeper.trained(ids, per_example, margins, epoch)
         return (loss, outputs) if return_outputs else loss
+
+    def _name_bad_labels(self, labels: torch.Tensor, ids: torch.Tensor | None) -> None:
+        """Raise a ValueError naming the label column, the valid range and the examples' ids where a classifier's
+        labels fall outside its classes (torch's own error, from inside cross-entropy, names none of them)."""
+        classes = label_count(self.accelerator.unwrap_model(self.model))
+        if classes is None:
+            return
+        try:
+            check_class_labels(labels, classes, self.label_name)
+        except BadRowsError as bad:
+            raise naming_examples(bad, ids, self.args.sb_index_column) from bad
 
     def _loss_and_outputs(self, model, inputs, num_items_in_batch):
         """The trainer's own loss and the outputs of the forward it was computed from."""

@@ -231,3 +231,22 @@ def test_early_prune_warns_when_it_ranks_by_losses_at_chance(tmp_path, caplog):
 def test_a_per_example_loss_that_cannot_be_read_is_its_own_error():
     with pytest.raises(NoPerExampleLoss, match="per_example_loss_func"):
         ExampleLoss("classification")({"loss": torch.tensor(1.0)}, torch.tensor([0]))
+
+
+class Configured(TinyClassifier):
+    """TinyClassifier with a config that names its 3 labels, as transformers' classifiers have."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = type("Config", (), {"num_labels": CLASSES, "problem_type": None})()
+
+
+@pytest.mark.parametrize("strategy", [DEFAULT_STRATEGY, "none"])
+def test_a_label_outside_the_classes_is_named_with_its_column_range_and_example(tmp_path, strategy):
+    rows = make_dataset(64).to_dict()
+    rows["labels"][37] = 7
+    data = Dataset.from_dict(rows).with_format("torch")
+    args = make_config(str(tmp_path / "out"), sb_strategy=strategy)
+    trainer = SelectiveBackpropTrainer(model=Configured(), args=args, train_dataset=data)
+    with pytest.raises(ValueError, match=r"'labels' column holds \[7\], outside the model's 3 classes.*'index' is 37"):
+        trainer.train()

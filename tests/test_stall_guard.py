@@ -77,6 +77,7 @@ def test_sb_fine_tuning_a_new_text_head_stalls_at_chance_and_the_guard_warns_onc
     message = str(stalls[0].message)
     assert "ln(2) = 0.693" in message and "--sb_strategy sb" in message
     assert "--sb_strategy infobatch" in message and "--sb_warmup_epochs 1" in message
+    assert "--sb_strategy none stays at chance too" in message  # a model that learns nothing is not selection's doing
 
 
 def test_the_same_fine_tuning_without_selection_leaves_chance(pretrained, output_dir):

@@ -106,9 +106,11 @@ class StallGuard(TrainerCallback):
 
     def _message(self, what: str, share: float, strategy: str) -> str:
         return (
-            f"selection seems to hold the model at chance: the {what} has stayed at ln({self.labels}) = "
+            f"the model has stayed at chance while selecting: the {what} has stayed at ln({self.labels}) = "
             f"{self.chance:.3f}, the loss of a uniform answer over {self.labels} labels, for {share:.0%} of the run "
-            f"while --sb_strategy {strategy} selected by the current model's loss. Fine-tuning a text classifier "
+            f"while --sb_strategy {strategy} selected by the current model's loss. Either selection holds it there, "
+            "or the model does not learn this task at these settings at all (then --sb_strategy none stays at chance "
+            "too: a learning rate or model to change, not the strategy). Fine-tuning a text classifier "
             "with a new head (SST-2), SB at keep 1/3 and top-k at keep 1/2 stalled this way at a 50/50 answer and "
             "ended 9-17 points below a random subset of their size: training on what the model now gets wrong pulls "
             "its answers back to chance (docs/results.md). Use --sb_strategy infobatch (the default; it kept "

@@ -73,10 +73,7 @@ def _own_id_column(dataset: HFDataset) -> str | None:
     for name in OWN_ID_COLUMNS:
         if name in dataset.column_names:
             try:
-                ids = _column_values(dataset, name)
-                check_id_values(ids, name)
-                if numpy.unique(ids).size != ids.size:
-                    raise ValueError(f"--sb_index_column {name!r} holds duplicate ids")
+                ids_by_position(dataset, name)  # the checks an id column gets: integers, unique, non-negative, dense
             except (ValueError, TypeError) as why:
                 logger.warning(f"the training dataset's own {name!r} column cannot key its examples ({why}): "
                                f"numbering its rows 0..{len(dataset) - 1} instead")

@@ -5,6 +5,9 @@
 # run_frontier.sh (CIFAR-10 classes 5-9 from $MODEL pretrained on classes 0-4: the same stand-in, flags and learning
 # rate), through scripts/train.py. WORKLOAD=sst2: the SST-2 fine-tuning of run_finetune_text.sh (its BERT stand-in,
 # learning rate and 2 epochs), through scripts/train_text.py; its sources are 'full' and 'epoch1'.
+# WORKLOAD=pretrained-image and pretrained-text: run_pretrained.sh's workloads on real pretrained weights
+# (EfficientNet-Lite0 on 4,000 CIFAR-10 images at 64 px, 4 epochs; all-MiniLM-L6-v2 on 2,000 SST-2 sentences, 3
+# epochs; TRAIN sets the size), at the rate its lr part chose; no pretrain part; the source is 'full'.
 #
 # PARTS (in this order by default):
 #   pretrain  the stand-in checkpoint (run_finetune.sh's part of that name)
@@ -41,6 +44,23 @@ if [[ $WORKLOAD == image ]]; then
     SOURCES=${SOURCES:-full epoch1 proxy}
     SCRIPT=scripts/train.py
     DATA_FLAGS=(--dataset "$DATA/cifar10" --classes 5,6,7,8,9 --cutout 0)
+elif [[ $WORKLOAD == pretrained-image ]]; then  # run_pretrained.sh's image workload (its rate, 4,000 images)
+    PRETRAINED=${PRETRAINED:-timm/tf_efficientnet_lite0.in1k}
+    EPOCHS=${EPOCHS:-4}
+    R=${RESULTS:-benchmarks/results/record-pretrained-images}
+    LR=${LR:-$(best_lr benchmarks/results/pretrained/images/lr)}
+    SOURCES=${SOURCES:-full}
+    SCRIPT=scripts/train.py
+    DATA_FLAGS=(--dataset "$DATA/cifar10" --image_size 64 --cutout 0 --max_train_samples "${TRAIN:-4000}"
+        --per_device_train_batch_size 64)
+elif [[ $WORKLOAD == pretrained-text ]]; then  # run_pretrained.sh's text workload (its rate, 2,000 sentences)
+    PRETRAINED=${PRETRAINED:-sentence-transformers/all-MiniLM-L6-v2}
+    EPOCHS=${EPOCHS:-3}
+    R=${RESULTS:-benchmarks/results/record-pretrained-text}
+    LR=${LR:-$(best_lr benchmarks/results/pretrained/text/lr)}
+    SOURCES=${SOURCES:-full}
+    SCRIPT=scripts/train_text.py
+    DATA_FLAGS=(--dataset "$DATA/sst2" --max_train_samples "${TRAIN:-2000}" --max_length 64)
 else
     PRETRAIN_EPOCHS=${PRETRAIN_EPOCHS:-3}
     PRETRAINED=${PRETRAINED:-$CACHE/bert-2x128-sst2-mlm-$PRETRAIN_EPOCHS-epochs}
@@ -80,6 +100,7 @@ train() {  # FOLDER FLAGS...: one scripts/train.py run, unless it finished befor
 for PART in ${PARTS:-pretrain scores prune noisy report}; do
     case $PART in
     pretrain)
+        [[ $WORKLOAD == pretrained-* ]] && continue  # the weights come from the package index
         SCRIPT_OF_PART=benchmarks/run_finetune.sh
         [[ $WORKLOAD == sst2 ]] && SCRIPT_OF_PART=benchmarks/run_finetune_text.sh
         EXTRA="${EXTRA[*]}" PARTS=pretrain MODEL=$MODEL PRETRAINED=$PRETRAINED PRETRAIN_EPOCHS=$PRETRAIN_EPOCHS \
@@ -118,7 +139,7 @@ for PART in ${PARTS:-pretrain scores prune noisy report}; do
         ;;
     noisy)
         ROWS_OF=image
-        [[ $WORKLOAD == sst2 ]] && ROWS_OF=text
+        [[ $WORKLOAD == sst2 || $WORKLOAD == pretrained-text ]] && ROWS_OF=text
         $PY -c "import cleanlab" 2>/dev/null || $PY -m pip install --quiet cleanlab  # this benchmark's tool only
         for P in $NOISE; do
             for SEED in $NOISY_SEEDS; do

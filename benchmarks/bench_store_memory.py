@@ -1,4 +1,4 @@
-"""Peak memory of the Stale-SB loss store for a large dataset (issue 6).
+"""Peak memory of the Stale-SB loss store for a large dataset.
 
     python benchmarks/bench_store_memory.py [--examples 1000000] [--batch 1024] [--updates 3000]
 

@@ -20,24 +20,7 @@ Supported transformers releases: 5.17 and newer (``pyproject.toml``); the newest
 `NEWEST_TESTED`'s, and a newer one gets one warning (`warn_if_newer_than_tested`), not a refusal. Every hook
 listed below exists with the same signature from 5.3 on; the differences the package meets there are
 `TRAINER_SCALE_DIVIDES_TP` (5.19) and `TRAINER_RESUMES_CPU_PROCESSES` (5.18). What stops the range lower, release
-by release (2026-11: the whole suite run on 5.3.0, 5.17.0 and 5.18.0; 5.4-5.16, 5.0-5.2 and 4.x read from their source):
-
-- 5.17 and older: resuming a run of several processes on CPU fails where the Trainer itself reloads the
-  optimizer, with or without selection: it loads the optimizer state onto ``args.device``, ``cpu:0`` in such a
-  run, a location ``torch.load`` cannot restore (``RuntimeError: don't know how to restore data location of
-  torch.storage.UntypedStorage (tagged with cpu:0)``, seen on 5.3.0 and 5.17.0); 5.18 loads it onto ``cpu``.
-  Runs on GPUs (``cuda:N``) and single-process runs are not affected, so 5.17 is supported and the suite skips
-  its four multi-process CPU resume tests there (`make test-oldest` on 5.17.0: 750 passed, 17 skipped).
-- 5.3-5.16: 5.3.0 also failed the tests of the label smoother, of the events at a run's last step and of the
-  Hub push, which pass on 5.17.0; where between the two they begin to pass was not bisected.
-- 5.0-5.2: no ``_init_training_state``. ``_inner_training_loop`` itself computes the epoch to resume from
-  (``global_step // num_update_steps_per_epoch``) and skips that many batches; selection makes the batches
-  per step vary, so the sampler must own the skip (``_init_training_state`` above), which here would take a
-  second implementation of the loop. ``set_initial_training_values`` also takes the total batch size and
-  returns other values (``epoch_based`` and ``len_dataloader`` in place of ``total_train_batch_size`` and
-  ``steps_in_epoch``), and 5.0-5.1 have no ``train_sampling_strategy`` (``config.py`` reads it).
-- 4.56-4.57 (TRL 1.16 still admits them): everything 5.0-5.1 needs, and 4.56 has no
-  ``_get_num_items_in_batch`` (it counts inside ``get_batch_samples``).
+by release, is in docs/usage.md ("Supported versions").
 """
 
 from __future__ import annotations

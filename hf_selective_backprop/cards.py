@@ -7,7 +7,6 @@ script, image or text, that has those figures at hand.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -17,6 +16,7 @@ from pathlib import Path
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers.trainer_utils import has_length
 
+from .card_settings import applied_settings, reference_model_source
 from .data.specs import KNOWN_DATASETS
 from .engine.accounting import plain_run_summary
 from .engine.budget import PHI_COST_MODEL, PHI_GIVEN, PHI_MEASURED, PHI_MEASURING, PHI_NOT_MEASURED
@@ -148,7 +148,7 @@ def render_model_card(
         full_pass_backwards=_format(full_pass),
         num_train_examples=_format(num_train_examples),
         strategy=getattr(args, "sb_strategy", MISSING),
-        reference_model=_reference_model(args),
+        reference_model=reference_model_source(args),
         budget=getattr(args, "sb_budget", None),
         cost_phi=_phi(stats),
         sb_settings={name: _cell(value) for name, value in applied_settings(args).items()},
@@ -288,41 +288,6 @@ def hub_dataset_id(source: str | os.PathLike | None) -> str | None:
     if path.is_absolute() or text.startswith((".", "~")) or path.exists():
         return _known_hub_id(path.resolve().name)
     return text if _HUB_ID.fullmatch(text) else None
-
-
-def sb_settings(args: object) -> dict[str, object]:
-    """Every ``sb_*`` setting of ``args``, by name: new options appear without code changes."""
-    names = sorted(name for name in dir(args) if name.startswith("sb_"))
-    settings = {name: getattr(args, name) for name in names}
-    return {name: value for name, value in settings.items() if not callable(value)}
-
-
-def applied_settings(args: object) -> dict[str, object]:
-    """The strategy and the ``sb_*`` settings that differ from their defaults, as the card publishes them: a local
-    path (``--sb_subset_from``, ``--sb_reference_model``) by its last component, never the machine's path."""
-    settings = sb_settings(args)
-    if dataclasses.is_dataclass(args):  # fields only: properties derived from them (sb_keep_fraction) are not
-        defaults = {field.name: field.default for field in dataclasses.fields(args)}
-        settings = {name: value for name, value in settings.items()
-                    if name in defaults and (name == "sb_strategy" or value != defaults[name])}
-    return {name: _without_local_path(value) for name, value in settings.items()}
-
-
-def _without_local_path(value: object) -> object:
-    if isinstance(value, str | os.PathLike) and (os.path.isabs(value) or os.path.exists(value)):
-        return Path(value).name
-    return value
-
-
-def _reference_model(args) -> str | None:
-    """What gave a 'rholoss' run its irreducible losses, for the card."""
-    if getattr(args, "sb_strategy", None) != "rholoss":
-        return None
-    if args.sb_reference_model is not None:
-        return f"`{_without_local_path(args.sb_reference_model)}`"
-    if args.sb_reference_column is not None:
-        return f"column `{args.sb_reference_column}` of the training data"
-    return "a reference model passed to the trainer"
 
 
 def _last_logged(trainer, key: str) -> float | None:

@@ -9,50 +9,27 @@ start, `get_batch_samples` (selection batches in, exactly `gradient_accumulation
 
 from __future__ import annotations
 
-import logging
-import time
 from functools import partial
 
 import torch
 from transformers import Trainer
-from transformers.trainer_utils import has_length
 
-from . import _compat, loss_check, selection_setup
+from . import _compat, checkpoint_hooks, loss_check, selection_setup, step_losses
 from .cards import write_trainer_card
 from .config import SelectiveBackpropConfig, check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
-from .engine import SelectionEngine, budget, console, reference, rotation, run_signature, state_files, streams
+from .engine import SelectionEngine, budget, console, reference, rotation, run_signature, state_files
 from .engine.accounting import STATS_FILE, finish_plain_run, finish_run, logged_counters, run_summary
-from .engine.data_state import DataState, follow_plain_loader, load_plain, read_plain, save_plain
+from .engine.data_state import DataState, follow_plain_loader, read_plain
 from .engine.engine import WEIGHT_KEY
 from .engine.epoch_plan import planned_sampler
-from .engine.indexing import keeping_ids
 from .engine.padding import queue_padding
-from .engine.run_length import RunLength
-from .engine.scoring import SelectionScorer, naming_examples, selection_model
-from .engine.stall_guard import label_count
-from .logged_loss import LoggedLoss
-from .losses import (
-    BadRowsError,
-    NoPerExampleLoss,
-    check_class_labels,
-    example_margins,
-    labels_already_read,
-    model_task,
-    per_example_loss_for,
-    weighted_loss_and_estimate,
-)
+from .engine.scoring import SelectionScorer, selection_model
+from .losses import model_task, per_example_loss_for
 from .lr_schedule import schedule_for
-from .record import files as record_files
 from .record import keeper as record_keeping
 from .record import setup as record_setup
-from .selectors import build_selector
-from .selectors.class_budget import class_labels
-from .step_extras import StepExtras
 
 __all__ = ["STATS_FILE", "WEIGHT_KEY", "SelectiveBackpropMixin", "SelectiveBackpropTrainer"]
-
-logger = logging.getLogger(__name__)
-
 
 class SelectiveBackpropMixin:
     """Selection for a `transformers.Trainer` subclass: list it first, ``class T(SelectiveBackpropMixin, Trainer)``.
@@ -91,7 +68,7 @@ class SelectiveBackpropMixin:
     plain_data_state: DataState | None = None
 
     def __init__(self, *args, per_example_loss_func=None, reference_model=None, **kwargs):
-        args, kwargs = self._with_default_arguments(args, kwargs)
+        args, kwargs = selection_setup.with_default_arguments(self, args, kwargs)
         given = selective_arguments(args, kwargs)
         train_dataset = kwargs.get("train_dataset", args[3] if len(args) > 3 else None)
         # Before the Trainer's own refusal of a stream without max_steps, which does not name the budget.
@@ -102,29 +79,13 @@ class SelectiveBackpropMixin:
         self.selector = selector
         with selection_setup.stepping_aside(self):
             check_trainer_arguments(self, per_example_loss_func)
-        self.label_name = self.label_names[0] if self.label_names else "labels"
-        # The label smoother's factor: the Trainer drops it for multi-label classification.
-        smoothing = self.label_smoother.epsilon if self.label_smoother is not None else 0.0
-        self.per_example_loss_func = per_example_loss_func or self._automatic_per_example_loss(smoothing)
-        self._step_extras = StepExtras(self.args.sb_index_column)
-        self._logged_loss = LoggedLoss()
+        step_losses.set_up(self, per_example_loss_func)
         reference.refuse_unused(reference_model, self.selector, self.args.sb_strategy)
         self._records = record_setup.prepare(self, subset_record)
         console.show_fewer_counters(self)  # the sb/* counters a person reads; every one still goes to report_to
         if self.selector is not None:
             with selection_setup.stepping_aside(self):
                 selection_setup.set_up_selection(self, reference_model, per_example_loss_func)
-
-    def _with_default_arguments(self, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        """The constructor's arguments, with `default_arguments` where ``args`` is not given (or None), as `Trainer`
-        makes TrainingArguments(output_dir="tmp_trainer") when given none."""
-        if (args[1] if len(args) > 1 else kwargs.get("args")) is not None:
-            return args, kwargs
-        default = self.default_arguments(args[0] if args else kwargs.get("model"))
-        logger.info("No arguments passed, using %s(output_dir=%r).", type(default).__name__, default.output_dir)
-        if len(args) > 1:
-            return (args[0], default, *args[2:]), kwargs
-        return args, {**kwargs, "args": default}
 
     def default_arguments(self, model):
         """The arguments of a trainer given none: the Trainer's default, with the sb_* fields' defaults."""
@@ -186,24 +147,7 @@ class SelectiveBackpropMixin:
             with record_setup.ids_kept(self):
                 loader = super().get_train_dataloader()
             return follow_plain_loader(self, loader)
-        if self.train_dataset is not None and has_length(self.train_dataset) and len(self.train_dataset) == 0:
-            raise ValueError("the training dataset is empty")
-        # The loader yields selection batches; training batches are assembled from them.
-        self._planned_sampler = None
-        data_state = DataState.for_training(
-            self.train_dataset, self.data_collator, self.args.dataloader_num_workers,
-            self.accelerator.dataloader_config.dispatch_batches,
-        )
-        # Wrapped for the training loader only: evaluation batches are not read by the engine.
-        collator = data_state.wrap(keeping_ids(self.data_collator, self.args.sb_index_column))
-        with streams.own_share(self.accelerator, self.train_dataset):  # a stream split by rank: read as it is
-            loader = _compat.dataloader(
-                self, self.train_dataset, "Training", self._selection_batch_size(), self._get_train_sampler, collator
-            )
-        self.engine.attach(loader, self._planned_sampler, data_state, run_signature.describe(
-            self.args, self.train_dataset, self.accelerator.unwrap_model(self.model), self.model_flags
-        ))
-        return loader
+        return selection_setup.selection_loader(self, self._get_train_sampler)
 
     def _get_train_sampler(self, train_dataset=None):
         sampler = super()._get_train_sampler(train_dataset)
@@ -226,12 +170,7 @@ class SelectiveBackpropMixin:
         if self.selector is None:  # the Trainer's values; the budget-matched plain run takes F of their steps
             self.plain_budget = None if args.sb_budget is None else budget.PlainBudget(args.sb_budget)
             return values if self.plain_budget is None else self.plain_budget.loop_values(values)
-        values = _compat.training_values(values)
-        self._run_length = RunLength.for_run(
-            args, self.selector.expected_keep_fraction(), dataloader, values.num_examples,
-            self.accelerator.num_processes, _compat.train_batch_size(self), self._selection_batch_size(),
-        )
-        values = budget.loop_values(self.engine, args, self._run_length, values, dataloader, self._resumed_from)
+        values = selection_setup.loop_values(self, args, dataloader, values)
         self._expected_steps = values.max_steps
         return values
 
@@ -248,41 +187,15 @@ class SelectiveBackpropMixin:
     # ---- the training loop's hooks -------------------------------------------------------------
 
     def _inner_training_loop(self, batch_size=None, args=None, resume_from_checkpoint=None, *rest, **kwargs):
-        if self._records:  # each loop (an auto_find_batch_size restart too) records its own training
-            self.record_keeper = record_keeping.RecordKeeper(self.accelerator, self.args.sb_index_column,
-                                                             self.train_dataset)
-        if self.selector is not None:
-            _compat.adopt_loop_batch_size(self, batch_size)  # auto_find_batch_size: a restart's or a resumed run's
-            trial = kwargs.get("trial", rest[0] if rest else None)
-            if self._loops_started or self._engine_batch_size != _compat.train_batch_size(self) or trial is not None:
-                # An earlier loop's state, micro-batches of another size, or a search trial's settings: afresh.
-                self.selector = build_selector(self.args)
-                selection_setup.fit_selector_to_model(self)
-                self.engine = self._build_engine()
-            self.engine.record = self.record_keeper
-            self._loops_started += 1
-            self._resumed_from = resume_from_checkpoint
-            self._train_start = time.perf_counter()
-            if self._reference is not None:  # scored once (a collective), or restored with the checkpoint
-                resuming = resume_from_checkpoint is not None
-                self.engine.use_irreducible(self._reference.irreducible_losses(self, resuming))
+        trial = kwargs.get("trial", rest[0] if rest else None)
+        selection_setup.start_loop(self, batch_size, trial, resume_from_checkpoint)
         return super()._inner_training_loop(batch_size, args, resume_from_checkpoint, *rest, **kwargs)
 
     def _init_training_state(self, max_steps, steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial):
         epochs_trained, skipped = super()._init_training_state(
             max_steps, steps_per_epoch, num_train_epochs, resume_from_checkpoint, trial
         )
-        if self.record_keeper is not None and resume_from_checkpoint is not None:
-            self.record_keeper.load(resume_from_checkpoint)
-        if self.selector is None:
-            load_plain(self, resume_from_checkpoint)
-            return epochs_trained, skipped
-        rotation.restore(rotation.record_of(self), self.state, resume_from_checkpoint, self.args.output_dir)
-        if resume_from_checkpoint is None:
-            return epochs_trained, skipped
-        state_files.load(self.engine, resume_from_checkpoint, self.args.ignore_data_skip)
-        # The Trainer skips batches by steps, which selection breaks: the engine's sampler skips the rows read instead.
-        return self.engine.epoch, 0
+        return checkpoint_hooks.resume(self, resume_from_checkpoint, epochs_trained, skipped)
 
     def get_batch_samples(self, epoch_iterator, num_batches, device):
         if self.selector is None:
@@ -320,55 +233,16 @@ class SelectiveBackpropMixin:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         inputs, ids, weights = self._step_extras.take(inputs, model.training)
         labels = inputs.get(self.label_name)
-        refresh = self.selector is not None and self.engine.records_training_losses and ids is not None
-        recorded = self.record_keeper is not None and model.training and self.record_keeper.accepts(ids)
-        if not (model.training and labels is not None and (weights is not None or refresh or recorded)):
-            # Outputs only when they are read: TRL's SFTTrainer runs a second forward to return them.
+        reads = step_losses.step_reads(self, model.training, labels, ids, weights)
+        if reads is None:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         try:
             loss, outputs = self._loss_and_outputs(model, inputs, num_items_in_batch)
         except (IndexError, RuntimeError) as error:
-            self._name_bad_labels(labels, ids)  # only once the step failed: checking first would wait every step
+            step_losses.name_bad_labels(self, labels, ids)
             raise error
-        # The model's own loss has read these labels: checking them again would wait for the device every step.
-        with labels_already_read(self.per_example_loss_func):
-            if weights is None:
-                try:
-                    with torch.no_grad():  # read, never differentiated: the step's gradients stay the Trainer's own
-                        per_example = self.per_example_loss_func(outputs, labels)
-                except NoPerExampleLoss as why:
-                    if self.selector is not None:
-                        raise
-                    self.record_keeper.stop(str(why))  # only the record read them: the step goes on
-                    return (loss, outputs) if return_outputs else loss
-            else:
-                loss, per_example, self._logged_loss.pending = weighted_loss_and_estimate(
-                    self.per_example_loss_func, outputs, labels, weights, num_items_in_batch)
-                loss = loss * self.loss_scale_rule.factor(self, num_items_in_batch)
-        if refresh:
-            # A trained example's training-forward loss is fresher than its stored one.
-            if self.engine.labels is not None:  # a strategy that budgets by class stores each example's label too
-                flag = f"--sb_strategy {self.args.sb_strategy}"
-                self.engine.observe(ids, per_example.detach(), labels=class_labels(labels, flag))
-            else:
-                self.engine.observe(ids, per_example.detach())
-        if recorded:
-            epoch = self.engine.epoch if self.selector is not None else self.record_keeper.epoch
-            with torch.no_grad():
-                margins = example_margins(self.per_example_loss_func, outputs, labels)
-            self.record_keeper.trained(ids, per_example, margins, epoch)
+        loss = step_losses.read_step_losses(self, loss, outputs, labels, ids, weights, num_items_in_batch, reads)
         return (loss, outputs) if return_outputs else loss
-
-    def _name_bad_labels(self, labels: torch.Tensor, ids: torch.Tensor | None) -> None:
-        """Raise a ValueError naming the label column, the valid range and the examples' ids where a classifier's
-        labels fall outside its classes (torch's own error, from inside cross-entropy, names none of them)."""
-        classes = label_count(self.accelerator.unwrap_model(self.model))
-        if classes is None:
-            return
-        try:
-            check_class_labels(labels, classes, self.label_name)
-        except BadRowsError as bad:
-            raise naming_examples(bad, ids, self.args.sb_index_column) from bad
 
     def _loss_and_outputs(self, model, inputs, num_items_in_batch):
         """The trainer's own loss and the outputs of the forward it was computed from."""
@@ -416,11 +290,7 @@ class SelectiveBackpropMixin:
             self.sb_stats = finish_run(self, output.metrics, self._expected_steps, folder)
         else:
             self.sb_stats = finish_plain_run(self, output.metrics, folder)
-        written = None
-        if self.record_keeper is not None:
-            written = self.record_keeper.write(folder, self.args.should_save)
-        if written is None and self.args.should_save:
-            record_files.set_aside_previous(folder)
+        record_setup.write(self, folder)
         return output
 
     def create_model_card(self, *args, **kwargs):
@@ -430,17 +300,7 @@ class SelectiveBackpropMixin:
     # ---- checkpoints ---------------------------------------------------------------------------
 
     def _save_checkpoint(self, model, trial):
-        folder = rotation.folder(_compat.output_dir(self, trial), self.state.global_step)
-        if self.selector is None:  # first: the Trainer's trainer_state.json marks a complete checkpoint
-            save_plain(self, folder)
-            if self.record_keeper is not None:
-                self.record_keeper.save(folder, self.args.should_save)
-            return super()._save_checkpoint(model, trial)
-        trainer_files = partial(super()._save_checkpoint, model, trial)
-        save = partial(state_files.save_before_trainer, self, model, folder, trainer_files)
-        # The Trainer's rotation would delete every checkpoint-* folder of output_dir, a previous run's or a
-        # user's included: rotate among this run's own instead (hf_selective_backprop.engine.rotation).
-        rotation.save_rotating(self, trial, save)
+        checkpoint_hooks.save(self, model, trial, partial(super()._save_checkpoint, model, trial))
 
     def _load_best_model(self):
         super()._load_best_model()

@@ -8,12 +8,12 @@ from huggingface_hub import ModelCard
 from tiny import TinyClassifier, make_config, make_dataset
 
 from hf_selective_backprop import SelectiveBackpropTrainer
+from hf_selective_backprop.card_settings import sb_settings
 from hf_selective_backprop.cards import (
     STATS_KEYS,
     TEMPLATE_PATH,
     hub_dataset_id,
     render_model_card,
-    sb_settings,
 )
 from hf_selective_backprop.config import SelectiveBackpropConfig
 

@@ -550,7 +550,7 @@ def test_inferred_class_count_is_logged_and_counts_rows_beyond_the_subset(tmp_pa
                                             "test": (png_cells(4), [0, 1, 2, 5])})
     with pytest.raises(ValueError, match=r"4 never occurs.*--eval_split 'test': row 3 = 5 \(1 row\)"):
         load(folder, tmp_path)
-    caplog.set_level("INFO", logger="hf_selective_backprop.data.datasets")
+    caplog.set_level("INFO", logger="hf_selective_backprop.data.labels")
     data = load(folder, tmp_path, eval_split="none", max_train_samples=3)
     assert data.num_labels == 4  # the first 3 rows hold 0..2, the split 0..3
     assert "label column 'label': 4 classes inferred from its integer ids 0..3 in --train_split 'train'" in caplog.text
@@ -621,7 +621,7 @@ def test_a_stray_label_one_past_the_classes_is_warned_of_by_row(tmp_path, caplog
     labels[7] = 10
     folder = write_rows(tmp_path / "stray10", {"train": (png_cells(300), labels),
                                                "test": (png_cells(10), list(range(10)))})
-    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.data.datasets"):
+    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.data.labels"):
         data = load(folder, tmp_path)
     assert data.num_labels == 11
     warned = [r.getMessage() for r in caplog.records if "a stray label?" in r.getMessage()]

@@ -80,14 +80,14 @@ def test_a_stray_label_is_warned_of_as_for_images(tmp_path, caplog):
     labels = [0, 1] * 50
     labels[9] = 2
     folder = labelled_folder(tmp_path / "reviews", labels)
-    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.data.datasets"):
+    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.data.labels"):
         data = load_text_data(TextDataArguments(dataset=str(folder), eval_split=None))
     assert data.label_names == ["0", "1", "2"]
     warned = [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
     assert any("label column 'label': class(es) 2 have 1 example(s)" in message and "a stray label?" in message
                and "--train_split 'train': row 9 = 2 (1 row)" in message for message in warned), warned
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.data.datasets"):
+    with caplog.at_level(logging.WARNING, logger="hf_selective_backprop.data.labels"):
         load_text_data(TextDataArguments(dataset=str(labelled_folder(tmp_path / "clean", [0, 1, 2] * 30)),
                                          eval_split=None))
     assert not [record for record in caplog.records if "stray label" in record.getMessage()]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from hf_selective_backprop.config import ANNEALING_STRATEGIES
+from hf_selective_backprop.config_checks import ANNEALING_STRATEGIES
 
 DEFAULT_STRATEGIES = ("traditional", "sb", "stale-sb", "kath18", "composer", "uniform")
 

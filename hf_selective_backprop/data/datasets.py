@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import datasets
-import numpy as np
 import torch
 
 from ..engine import transfer
 from .arguments import DataArguments
 from .decode import decode_images
+from .labels import class_ids, kept_label_names, label_names_of
 from .noise import flip_labels, holdout_positions
 from .sources import open_source
 from .specs import DatasetSpec
@@ -164,19 +164,19 @@ def load_image_data(args: DataArguments, seed: int = 0, index_column: str = "ind
     if args.eval_split is not None:
         eval_split = _split(splits, args.eval_split, "--eval_split", source)
         _check_columns(eval_split, (image_column, label_column), args.eval_split)
-    label_names, declared_by = _label_names(train_split, eval_split, args, label_column)
+    label_names, declared_by = label_names_of(train_split, eval_split, args, label_column)
 
     train_rows = _first(train_split, args.max_train_samples)
-    train_labels = _labels(train_rows, label_column, label_names, declared_by, f"--train_split {args.train_split!r}")
+    train_labels = class_ids(train_rows, label_column, label_names, declared_by, f"--train_split {args.train_split!r}")
     # First N rows of the split, so ids are 0..N-1 and equal positions in the original split.
     ids = torch.arange(len(train_rows))
     if eval_split is not None:
         eval_rows = _first(eval_split, args.max_eval_samples)
-        eval_labels = _labels(eval_rows, label_column, label_names, declared_by, f"--eval_split {args.eval_split!r}")
+        eval_labels = class_ids(eval_rows, label_column, label_names, declared_by, f"--eval_split {args.eval_split!r}")
     kept_classes = args.class_ids()
     if kept_classes is not None:
         # Before decoding, so the images of dropped classes are never decoded.
-        label_names = _kept_label_names(label_names, kept_classes)
+        label_names = kept_label_names(label_names, kept_classes)
         ids, train_rows, train_labels = _keep_classes(train_rows, train_labels, kept_classes, "--train_split")
         if eval_split is not None:
             _, eval_rows, eval_labels = _keep_classes(eval_rows, eval_labels, kept_classes, "--eval_split")
@@ -296,70 +296,6 @@ def _check_columns(split: datasets.Dataset, columns: tuple[str, str], split_name
         raise ValueError(f"split {split_name!r} lacks column(s) {missing}; columns found: {list(split.features)}")
 
 
-def _label_names(
-    train: datasets.Dataset, evaluation: datasets.Dataset | None, args: DataArguments, column: str
-) -> tuple[list[str], str]:
-    """The class names (the column's ClassLabel names, else ``--num_labels`` ids, else the ids
-    found in the column) and which of the three declared them."""
-    feature = train.features[column]
-    if isinstance(feature, datasets.ClassLabel):
-        if args.num_labels is not None and args.num_labels != feature.num_classes:
-            raise ValueError(
-                f"--num_labels {args.num_labels} disagrees with label column {column!r}, which declares "
-                f"{feature.num_classes} classes ({_preview(feature.names)}); drop --num_labels"
-            )
-        return list(feature.names), f"the ClassLabel names of column {column!r}"
-    if not (isinstance(feature, datasets.Value) and feature.dtype.startswith(("int", "uint"))):
-        raise ValueError(
-            f"label column {column!r} holds {feature}, not class ids (a ClassLabel or integers); pass --label_column"
-        )
-    if args.num_labels is not None:
-        return [str(label) for label in range(args.num_labels)], f"--num_labels {args.num_labels}"
-
-    # Inferred from every row of the used splits, not only the first --max_*_samples, so a
-    # subset does not change the model's classes.
-    used = {f"--train_split {args.train_split!r}": train}
-    if evaluation is not None:
-        used[f"--eval_split {args.eval_split!r}"] = evaluation
-    labels = {name: _label_array(split, column, name) for name, split in used.items()}
-    ids = np.unique(np.concatenate(list(labels.values())))
-    ids = ids[ids >= 0]  # negative labels are reported with their rows by _labels
-    if len(ids) == 0:
-        raise ValueError(f"label column {column!r} holds no class id >= 0; pass --label_column")
-    num_classes = int(ids[-1]) + 1
-    if len(ids) < num_classes:
-        # One stray id (11 among 0..9) would otherwise build a 12-class model without a word.
-        missing = np.setdiff1d(np.arange(num_classes), ids)
-        above = {name: values > missing[0] for name, values in labels.items()}
-        where = "; ".join(f"{name}: {_offending(labels[name], mask)}" for name, mask in above.items() if mask.any())
-        occur = "never occurs" if len(missing) == 1 else "never occur"
-        raise ValueError(
-            f"label column {column!r} holds the integer ids {_preview(ids.tolist())}, not the contiguous "
-            f"0..{num_classes - 1}: {_preview(missing.tolist())} {occur}, so {num_classes} classes would be "
-            f"inferred, some without any example. Labels above the first missing id: {where}. Fix those "
-            f"labels, or pass --num_labels {num_classes} if those classes are meant to exist"
-        )
-    warn_of_rare_classes(labels, column)
-    logger.info(
-        "label column %r: %d classes inferred from its integer ids 0..%d in %s (--num_labels sets them)",
-        column,
-        num_classes,
-        num_classes - 1,
-        " and ".join(used),
-    )
-    return [str(label) for label in range(num_classes)], f"the ids found in column {column!r}"
-
-
-def _kept_label_names(label_names: list[str], kept: list[int]) -> list[str]:
-    unknown = [class_id for class_id in kept if class_id >= len(label_names)]
-    if unknown:
-        raise ValueError(
-            f"--classes names {_preview(unknown)}, but the dataset has {len(label_names)} classes "
-            f"(ids 0..{len(label_names) - 1}: {_preview(label_names)})"
-        )
-    return [label_names[class_id] for class_id in kept]
-
-
 def _keep_classes(
     rows: datasets.Dataset, labels: torch.Tensor, kept: list[int], flag: str
 ) -> tuple[torch.Tensor, datasets.Dataset, torch.Tensor]:
@@ -394,62 +330,6 @@ def _decode(
             *images.shape[2:],
         )
     return images
-
-
-def _labels(rows: datasets.Dataset, column: str, label_names: list[str], declared_by: str, what: str) -> torch.Tensor:
-    labels = _label_array(rows, column, what)
-    num_classes = len(label_names)
-    bad = (labels < 0) | (labels >= num_classes)
-    if bad.any():
-        remedy = ", or raise --num_labels" if declared_by.startswith("--num_labels") else ""
-        raise ValueError(
-            f"{what}, label column {column!r}: labels must be class ids in [0, {num_classes - 1}] "
-            f"({num_classes} classes, from {declared_by}: {_preview(label_names)}), found "
-            f"{_offending(labels, bad)}; fix or drop those rows{remedy}"
-        )
-    return torch.from_numpy(labels)
-
-
-def _label_array(rows: datasets.Dataset, column: str, what: str) -> np.ndarray:
-    values = rows.with_format("arrow")[column]
-    if values.null_count:
-        missing = np.flatnonzero(values.is_null().to_numpy())
-        noun = "rows" if len(missing) > 1 else "row"
-        raise ValueError(
-            f"{what}, label column {column!r}: no label at {noun} {_preview(missing.tolist())}; fix or drop that {noun}"
-        )
-    return values.to_numpy().astype(np.int64)
-
-
-#: A class with at most this share of the median class's examples is named in a warning: one stray label
-#: (10 among 0..9) would otherwise add a class to the model with only an info-level notice.
-RARE_CLASS_SHARE = 0.01
-
-
-def warn_of_rare_classes(labels: dict[str, np.ndarray], column: str) -> None:
-    values = np.concatenate(list(labels.values()))
-    counts = np.bincount(values[values >= 0])
-    rare = np.flatnonzero(counts <= max(1.0, RARE_CLASS_SHARE * float(np.median(counts))))
-    if len(counts) > 2 and len(rare):
-        in_rare = {name: np.isin(split, rare) for name, split in labels.items()}
-        where = "; ".join(f"{name}: {_offending(labels[name], mask)}" for name, mask in in_rare.items() if mask.any())
-        logger.warning(
-            "label column %r: class(es) %s have %s example(s) against a median of %d per class, and each becomes an "
-            "output of the model: a stray label? %s. Fix those rows, or pass --num_labels to state the classes",
-            column, _preview(rare.tolist()), _preview(counts[rare].tolist()), int(np.median(counts)), where,
-        )
-
-
-def _offending(labels: np.ndarray, bad: np.ndarray, shown: int = 5) -> str:
-    """'row 5 = 11, row 9 = 12 (2 rows)': rows are positions in the split, counted from 0."""
-    rows = np.flatnonzero(bad)
-    listed = ", ".join(f"row {row} = {labels[row]}" for row in rows[:shown])
-    return f"{listed}{', ...' if len(rows) > shown else ''} ({len(rows)} row{'s' if len(rows) > 1 else ''})"
-
-
-def _preview(values: list, shown: int = 12) -> str:
-    listed = ", ".join(str(value) for value in values[:shown])
-    return listed + (f", ... ({len(values)} in all)" if len(values) > shown else "")
 
 
 def _statistics(spec: DatasetSpec, images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:

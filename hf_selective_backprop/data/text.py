@@ -19,7 +19,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from .datasets import warn_of_rare_classes
+from .labels import warn_of_rare_classes
 from .noise import flip_labels
 from .sources import load_splits
 

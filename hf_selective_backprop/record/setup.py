@@ -20,7 +20,7 @@ from ..engine.indexing import (
     with_index_column,
 )
 from ..engine.packing import swapped
-from .files import load_record, record_metadata
+from .files import load_record, record_metadata, set_aside_previous
 from .fingerprint import check_same_data
 from .keeper import RecordCallback
 from .pruning import check_varies, dataset_labels, kept_ids
@@ -75,6 +75,16 @@ def prepare(trainer, record) -> bool:
         return False
     trainer.add_callback(RecordCallback(trainer))
     return True
+
+
+def write(trainer, folder: str) -> None:
+    """The run's record, data map and metadata into ``folder``; where this run wrote none, a record left there by
+    something else is set aside, so that neither the card nor an upload takes it for this run's."""
+    written = None
+    if trainer.record_keeper is not None:
+        written = trainer.record_keeper.write(folder, trainer.args.should_save)
+    if written is None and trainer.args.should_save:
+        set_aside_previous(folder)
 
 
 def ids_kept(trainer):

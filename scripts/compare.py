@@ -1,9 +1,10 @@
 """Strategies side by side: one run each, with the same seed, model, data and schedule, then one table.
 
-    python scripts/compare.py                      # make demo: scikit-learn's digits, ships with the package
+    python scripts/compare.py                      # scikit-learn's digits, which ship with it: no download
     python scripts/compare.py --strategies none,sb,sb:sb_staleness=3,uniform:0.33 --num_train_epochs 3
     python scripts/compare.py --dataset uoft-cs/cifar10 --max_train_samples 5000 --output_dir outputs/cifar10
     python scripts/compare.py --workflow text --dataset path/to/sst2 --strategies none,infobatch,uniform:0.65
+    make demo                                      # all-MiniLM-L6-v2 fine-tuned on SST-2 (the Makefile's flags)
 
 Each run is what scripts/train.py (images) or scripts/train_text.py (--workflow text) would train with the same
 flags plus the strategy's, into <output_dir>/<run>/; a line is printed as each run ends, the table at the end
@@ -16,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import re
 import sys
 import warnings
 from collections.abc import Callable
-from contextlib import ExitStack, redirect_stderr, redirect_stdout
+from contextlib import ExitStack, contextmanager, redirect_stderr, redirect_stdout
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -50,13 +52,13 @@ with warnings.catch_warnings(record=True) as IMPORT_WARNINGS:
     )
 
 PROG, LOG_FILE, TABLE_FILE = "compare.py", "train.log", "compare.md"
-#: What `make demo` compares on digits (a network trained from scratch): the plain run, InfoBatch (the least
-#: accuracy lost at a real saving in the benchmark record) and a random subset of about its size, the control.
-DEMO_STRATEGIES = "none,infobatch,uniform:0.65"
+#: What runs without --strategies: the plain run, InfoBatch (the default strategy) and a random subset of about its
+#: size on digits (InfoBatch trained 0.65 of the examples there), the control.
+DEFAULT_STRATEGIES = "none,infobatch,uniform:0.65"
 #: The flags a --strategies entry may set: the strategy's own (every sb_* flag but the strategy).
 STRATEGY_FLAGS = tuple(f.name for f in fields(SelectiveBackpropArguments) if f.name != "sb_strategy")
 
-# The demo's schedule on digits (9 epochs of SGD, cosine decay); every one is a flag.
+# The schedule on digits (9 epochs of SGD, cosine decay); every one is a flag.
 IMAGE_DEFAULTS = dict(
     dataset="digits",
     num_train_epochs=9,
@@ -83,7 +85,7 @@ EVERY_RUN = dict(
 @dataclass
 class CompareArguments:
     strategies: str = field(
-        default=DEMO_STRATEGIES,
+        default=DEFAULT_STRATEGIES,
         metadata={
             "help": "Comma-separated runs, each an --sb_strategy (none, sb, infobatch, uniform, composer, ...) "
             "optionally followed by its kept fraction and its own sb_* flags, each after a colon: 'uniform:0.65' "
@@ -181,7 +183,8 @@ def parse_strategies(text: str, output_dir: str) -> list[Run]:
     for entry in (part.strip() for part in text.split(",")):
         if not entry:
             raise ValueError(
-                f"--strategies {text!r} names an empty run: give comma-separated strategies such as {DEMO_STRATEGIES}"
+                f"--strategies {text!r} names an empty run: give comma-separated strategies such as "
+                f"{DEFAULT_STRATEGIES}"
             )
         strategy, *settings = (part.strip() for part in entry.split(":"))
         if not strategy:
@@ -284,6 +287,20 @@ def table(header: str, runs: list[Run], results: list, split: str | None) -> str
     return "\n".join(lines)
 
 
+@contextmanager
+def logged_to(stream):
+    """Within: transformers' log lines (a pretrained model's loading report among them) go to ``stream``. Its handler
+    holds the stream it was made with, so redirecting sys.stderr alone would leave them on the terminal."""
+    handlers = [handler for handler in logging.getLogger("transformers").handlers
+                if isinstance(handler, logging.StreamHandler)]
+    previous = [handler.setStream(stream) for handler in handlers]
+    try:
+        yield
+    finally:
+        for handler, old in zip(handlers, previous, strict=True):
+            handler.setStream(old)
+
+
 def fail(message: str) -> None:
     sys.exit(f"{PROG}: error: {message}")
 
@@ -335,7 +352,7 @@ def main(argv: list[str] | None = None) -> None:
         # error still reaches the terminal: its traceback is printed after the block restores stderr.
         transformers_logging.disable_progress_bar()
         log = stack.enter_context(open_for_writing(log_path))
-        with redirect_stdout(log), redirect_stderr(log):
+        with redirect_stdout(log), redirect_stderr(log), logged_to(log):
             for caught in IMPORT_WARNINGS:
                 warnings.showwarning(caught.message, caught.category, caught.filename, caught.lineno)
             for index, (run, run_args) in enumerate(zip(runs, settings, strict=True), 1):

@@ -172,3 +172,14 @@ def test_an_output_dir_that_is_a_file_or_in_use_is_refused(compare, capsys, no_d
     with claimed(str(busy)):  # another run holds it
         assert "is in use by another run" in refused(compare, capsys, "--output_dir", str(busy))
     assert not (busy / "train.log").exists()
+
+
+def test_make_demos_flags_are_compare_pys(compare, capsys):
+    # `make demo` runs compare.py with the Makefile's DEMO_FLAGS: every one must be a flag of the text workflow (a
+    # flag renamed there would fail the demo only when run). Zero epochs stop it once every flag has parsed.
+    makefile = (ROOT / "Makefile").read_text()
+    flags = re.search(r"^DEMO_FLAGS := (.*?)\n(?=\S)", makefile, re.M | re.S).group(1)
+    argv = flags.replace("\\\n", " ").replace("$(DEMO_DATA)", "stanfordnlp/sst2").split()
+    assert "--model_name_or_path" in argv and "sentence-transformers/all-MiniLM-L6-v2" in argv
+    message = refused(compare, capsys, *argv, "--num_train_epochs", "0")
+    assert "--num_train_epochs must be > 0" in message, message

@@ -29,6 +29,7 @@ def save(trainer, model, trial, save_trainer_files) -> None:
 def resume(trainer, checkpoint: str | None, epochs_trained: int, skipped: int) -> tuple[int, int]:
     """This run's state back from ``checkpoint`` (None: a fresh run), once the Trainer has read its own; returns the
     epochs trained and the batches the Trainer's loop skips."""
+    trainer._logged_loss.start(trainer.state.global_step)
     if trainer.record_keeper is not None and checkpoint is not None:
         trainer.record_keeper.load(checkpoint)
     if trainer.selector is None:

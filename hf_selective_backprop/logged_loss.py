@@ -23,6 +23,11 @@ class LoggedLoss:
         self.objective_total: torch.Tensor | None = None
         self.logged_at_step = 0
 
+    def start(self, global_step: int) -> None:
+        """A training loop starts at ``global_step`` (a resumed run: the checkpoint's): the first log covers the
+        steps from there, as the Trainer counts its own ``loss``."""
+        self.objective_total, self.logged_at_step = None, global_step
+
     def step_loss(self, objective: torch.Tensor) -> torch.Tensor:
         """The training step's value for the Trainer's ``loss``: the weighted mean where compute_loss weighted."""
         factor, self.pending = self.pending, None

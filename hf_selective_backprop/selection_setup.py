@@ -20,7 +20,7 @@ from .engine.callback import SelectionFlowCallback
 from .engine.data_state import DataState
 from .engine.indexing import keeping_ids, prepare_training_dataset, unnamed_rows
 from .engine.run_length import RunLength
-from .engine.stall_guard import StallGuard, chance_loss
+from .engine.stall_guard import StallGuard, chance_loss, label_count
 from .losses import model_task
 from .record.keeper import RecordKeeper
 from .selectors import build_selector
@@ -110,6 +110,7 @@ def start_loop(trainer, batch_size, trial, resume_from_checkpoint) -> None:
     record and, where selection runs, an engine for its batch size and settings, and the irreducible losses."""
     if trainer._records:
         trainer.record_keeper = RecordKeeper(trainer.accelerator, trainer.args.sb_index_column, trainer.train_dataset)
+        trainer.record_keeper.classes = label_count(trainer.accelerator.unwrap_model(trainer.model))
     if trainer.selector is None:
         return
     _compat.adopt_loop_batch_size(trainer, batch_size)  # auto_find_batch_size: a restart's or a resumed run's

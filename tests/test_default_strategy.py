@@ -200,6 +200,29 @@ def test_under_infobatch_the_logged_loss_stays_below_the_weighted_objective(tmp_
     assert later and all(h["loss"] < h[LoggedLoss.KEY] for h in later)
 
 
+def test_a_resumed_run_logs_the_weighted_objective_as_the_uninterrupted_one(tmp_path):
+    # The objective per step since the last log: a resumed run counted its steps from 0, halving its first log.
+    def run(folder, **overrides):
+        args = make_config(str(tmp_path / folder), sb_strategy="infobatch", sb_prune_ratio=0.7, num_train_epochs=4,
+                           logging_steps=4, save_strategy="steps", save_steps=8, **overrides)
+        trainer = SelectiveBackpropTrainer(model=TinyClassifier(), args=args, train_dataset=make_dataset(128))
+        return trainer
+
+    whole = run("whole")
+    whole.train()
+    checkpoint = sorted((tmp_path / "whole").glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))[1]
+    resumed = run("resumed")
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    step = int(checkpoint.name.split("-")[1])
+
+    def objectives(trainer):
+        return {h["step"]: h[LoggedLoss.KEY] for h in trainer.state.log_history if LoggedLoss.KEY in h}
+
+    after = {s: v for s, v in objectives(whole).items() if s > step}
+    assert after
+    assert {s: v for s, v in objectives(resumed).items() if s > step} == pytest.approx(after, rel=1e-3)
+
+
 def test_early_prune_warns_without_keep_and_refuses_two_end_knobs(tmp_path):
     with pytest.warns(UserWarning, match="without --sb_keep keeps 0.333"):
         make_config(str(tmp_path), sb_strategy="early_prune")

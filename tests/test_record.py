@@ -16,6 +16,7 @@ from transformers import Trainer
 
 from hf_selective_backprop import SelectiveBackpropConfig, SelectiveBackpropTrainer, record
 from hf_selective_backprop.data.noise import flip_labels
+from hf_selective_backprop.record.files import record_metadata
 from hf_selective_backprop.record.keeper import RECORD_STATE_FILE
 from hf_selective_backprop.record.pruning import kept_ids
 from hf_selective_backprop.record.table import SCORED, TRAINED, ExampleRecord
@@ -457,8 +458,13 @@ def test_the_data_map_names_its_regions(tmp_path):
     assert (tmp_path / "map.pdf").read_bytes()[:5] == b"%PDF-"
 
 
-@pytest.mark.parametrize("learned", [0.2, 0.9])
-def test_the_data_map_draws_its_cuts_and_says_when_the_model_barely_learned(tmp_path, monkeypatch, learned):
+@pytest.mark.parametrize(("learned", "classes", "barely"), [
+    (0.2, 2, True), (0.6, 2, True), (0.9, 2, False),  # chance is 1/2: a quarter of the way to all right is 0.625
+    (0.2, 10, True), (0.5, 10, False),  # chance is 1/10: half the scorings right is well above it
+    (0.2, None, False),  # chance unknown: nothing claimed
+])
+def test_the_data_map_draws_its_cuts_and_says_when_the_model_barely_learned(tmp_path, monkeypatch, learned, classes,
+                                                                            barely):
     from matplotlib.axes import Axes
 
     drawn = {"text": [], "vertical": []}
@@ -471,9 +477,23 @@ def test_the_data_map_draws_its_cuts_and_says_when_the_model_barely_learned(tmp_
         "correctness": [learned] * 6,
         "region": [record.EASY, record.EASY, record.HARD, record.HARD, record.AMBIGUOUS, record.AMBIGUOUS],
     })
-    record.data_map(table, str(tmp_path / "map.png"))
+    record.data_map(table, str(tmp_path / "map.png"), classes=classes)
     assert drawn["vertical"] == [pytest.approx(0.3)]  # the least variable ambiguous example: the cut
-    assert any("barely learned" in text for text in drawn["text"]) == (learned < 0.5)
+    assert any("barely learned" in text for text in drawn["text"]) == barely
+
+
+def test_a_classifiers_record_holds_its_class_count_and_its_data_map_uses_it(output_dir):
+    from transformers import BertConfig, BertForSequenceClassification
+
+    config = BertConfig(vocab_size=30, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=16, num_labels=3)
+    generator = torch.Generator().manual_seed(0)
+    rows = Dataset.from_dict({"input_ids": torch.randint(1, 30, (48, 8), generator=generator).tolist(),
+                              "labels": [i % 3 for i in range(48)]})
+    args = make_config(output_dir, sb_strategy="none", num_train_epochs=1)
+    SelectiveBackpropTrainer(model=BertForSequenceClassification(config), args=args, train_dataset=rows).train()
+    table = record.load_record(output_dir)
+    assert record_metadata(table)["classes"] == 3  # what record.data_map reads chance from by default
 
 
 def test_the_regions_put_the_most_variable_third_in_ambiguous():

@@ -40,17 +40,22 @@ __all__ = [
 ]
 
 
-def data_map(table: datasets.Dataset | str, path: str | os.PathLike, title: str | None = None) -> dict[str, int]:
+def data_map(table: datasets.Dataset | str, path: str | os.PathLike, title: str | None = None,
+             classes: int | None = None) -> dict[str, int]:
     """Draw the record's data map into ``path`` (PNG; needs matplotlib); returns the examples in each region.
-    ``table``: the record, or where `load_record` reads it."""
+    ``table``: the record, or where `load_record` reads it; ``classes``: the model's class count, which says what
+    chance is (by default the one the trainer wrote into the record)."""
     from .figure import draw_data_map
 
     table = as_record(table)
     require_type(path, str | os.PathLike, "path", "where to write the figure (a .png or .pdf path)")
     require_type(title, str | type(None), "title", "None or a string")
+    require_type(classes, int | type(None), "classes", "None or the model's number of classes")
     check_columns(table.column_names, ("confidence", "variability", "correctness", "region"), "table",
                   "the data map draws")
-    return draw_data_map(table, os.fspath(path), title)
+    if classes is None:
+        classes = record_metadata(table).get("classes")
+    return draw_data_map(table, os.fspath(path), title, classes)
 
 
 def label_issues(table: datasets.Dataset | str, top: int | None = None, by: str = "last_loss") -> datasets.Dataset:

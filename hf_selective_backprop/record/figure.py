@@ -17,16 +17,26 @@ from PIL import Image  # noqa: E402  (a dependency of matplotlib)
 from .files import written_in_place_of  # noqa: E402
 from .scores import AMBIGUOUS, EASY, HARD  # noqa: E402
 
-#: The mean correctness under which the figure says the model barely learned (a classifier near chance still
-#: puts every example in a region).
-BARELY_LEARNED = 0.5
+#: How far from chance (1/K of the scorings right) towards all of them a model's mean correctness must get before
+#: the figure stops saying it barely learned: a classifier near chance still puts every example in a region. A
+#: quarter of the way: 0.625 of the scorings right for 2 classes, 0.325 for 10.
+BARELY_LEARNED = 0.25
 #: Points drawn at most: beyond it a random sample (seeded) shows the same picture, faster and lighter.
 MAX_POINTS = 50_000
 
 
-def draw_data_map(table, path: str, title: str | None = None) -> dict[str, int]:
+def barely_learned(correctness: float, classes: int | None) -> bool:
+    """Whether a mean ``correctness`` sits near chance for a classifier of ``classes`` classes (never, unknown)."""
+    if classes is None or classes < 2:
+        return False
+    chance = 1.0 / classes
+    return correctness < chance + BARELY_LEARNED * (1.0 - chance)
+
+
+def draw_data_map(table, path: str, title: str | None = None, classes: int | None = None) -> dict[str, int]:
     """Draw ``table`` (a record: `load_record` or the trainer's ``example_record.parquet``) into ``path``; returns
-    the examples in each region, as the figure names them."""
+    the examples in each region, as the figure names them. ``classes``: how many the model told apart, which says
+    what chance is (a note on the figure says when the model barely left it)."""
     confidence = numpy.asarray(table["confidence"], dtype=float)
     variability = numpy.asarray(table["variability"], dtype=float)
     correctness = numpy.asarray(table["correctness"], dtype=float)
@@ -48,9 +58,10 @@ def draw_data_map(table, path: str, title: str | None = None) -> dict[str, int]:
     counts = {name: int((region[known] == name).sum()) for name in (EASY, AMBIGUOUS, HARD)}
     total = max(int(known.sum()), 1)
     learned = float(numpy.nanmean(correctness[known])) if known.any() else float("nan")
-    if learned < BARELY_LEARNED:
-        axes.text(0.5, 0.5, f"the model barely learned: {100 * learned:.0f} % of scorings right;\nthe regions say "
-                  "little about the examples", transform=axes.transAxes, ha="center", va="center", fontsize=11,
+    if barely_learned(learned, classes):
+        axes.text(0.5, 0.85, f"the model barely learned: {100 * learned:.0f} % of scorings right, chance "
+                  f"{100 / classes:.0f} %;\nthe regions say little about the examples", transform=axes.transAxes,
+                  ha="center", va="center", fontsize=11,
                   color="darkred", bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "darkred"})
     places = {EASY: (0.02, 0.96, "top"), HARD: (0.02, 0.04, "bottom"), AMBIGUOUS: (0.98, 0.5, "center")}
     for name, (x, y, vertical) in places.items():

@@ -58,12 +58,13 @@ def written_in_place_of(path: str):
 
 
 def write_record(record: ExampleRecord, path: str, id_column: str, data: dict | None = None,
-                 complete: bool = True) -> datasets.Dataset:
+                 complete: bool = True, classes: int | None = None) -> datasets.Dataset:
     """Write the record's table to ``path`` (parquet), with ``data`` (the fingerprint of the data it was written
-    on, or None) and ``complete`` (False: it covers only the training after a resume that found no record to
-    continue) in its metadata, and its data map beside it, when matplotlib is installed."""
+    on, or None), ``complete`` (False: it covers only the training after a resume that found no record to
+    continue) and ``classes`` (a classifier's class count, or None) in its metadata, and its data map beside it,
+    when matplotlib is installed."""
     table = record_dataset(record, id_column)
-    metadata = {"id_column": id_column, "data": data, "complete": complete}
+    metadata = {"id_column": id_column, "data": data, "complete": complete, "classes": classes}
     _attach(table, metadata)
     arrow = table.data.table
     arrow = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), METADATA_KEY: json.dumps(metadata)})
@@ -78,7 +79,7 @@ def write_record(record: ExampleRecord, path: str, id_column: str, data: dict | 
     except ImportError:
         logger.info("matplotlib is not installed: the data map is not drawn (pip install matplotlib)")
     else:
-        draw_data_map(table, os.path.join(os.path.dirname(path), DATA_MAP_FILE))
+        draw_data_map(table, os.path.join(os.path.dirname(path), DATA_MAP_FILE), classes=classes)
     return table
 
 

@@ -41,6 +41,8 @@ class RecordKeeper:
         self.complete = True
         #: Why this run's record stopped (None while it records): a by-product never stops the training.
         self.stopped: str | None = None
+        #: A classifier's class count (None for other models): what chance is, for the data map.
+        self.classes: int | None = None
 
     def stop(self, reason: str) -> None:
         """Record nothing more in this run, and write nothing: said once."""
@@ -140,7 +142,8 @@ class RecordKeeper:
             return None
         path = os.path.join(output_dir, RECORD_FILE)
         try:
-            write_record(self.record, path, self.id_column, self.fingerprint, complete=self.complete)
+            write_record(self.record, path, self.id_column, self.fingerprint, complete=self.complete,
+                         classes=self.classes)
         except OSError as error:  # a full disk, a read-only folder: the run and its model outrank the by-product
             logger.error(f"the example record could not be written to {path} ({error}); the training and the "
                          "model are unaffected")

@@ -136,6 +136,20 @@ def test_the_default_trains_max_steps_on_a_stream_by_stepping_aside(tmp_path):
     assert trainer.state.global_step == 5
 
 
+def test_the_default_steps_aside_on_a_torch_stream_whose_columns_are_unknown(tmp_path):
+    # Whether its rows carry ids shows only at the first batch, too late to step aside: it stopped the run there.
+    class Rows(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            data = make_dataset(64)
+            yield from (data[i] for i in range(64))
+
+    args = default_config(str(tmp_path / "out"), max_steps=5)
+    with pytest.warns(StrategySteppedAside, match="does not say its columns before it is read"):
+        trainer = SelectiveBackpropTrainer(model=TinyClassifier(), args=args, train_dataset=Rows())
+    trainer.train()
+    assert trainer.state.global_step == 5
+
+
 def test_with_a_subset_the_default_trains_exactly_the_subset(tmp_path):
     full = make_config(str(tmp_path / "full"), sb_strategy="none", num_train_epochs=2, save_strategy="no")
     SelectiveBackpropTrainer(model=TinyClassifier(), args=full, train_dataset=make_dataset(100)).train()

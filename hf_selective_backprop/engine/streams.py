@@ -22,7 +22,7 @@ import contextlib
 import torch
 from torch.utils.data import IterableDataset
 
-from ..default_strategy import CannotSelect
+from ..default_strategy import CannotSelect, is_default
 from ..selectors import EarlyPruneSelector, Selector
 from . import distributed
 from .indexing import MAX_ID_SPAN_PER_ROW, MIN_ID_SPAN
@@ -65,6 +65,14 @@ def check_training_data(args, selector: Selector, dataset) -> None:
     columns = getattr(dataset, "column_names", None)  # None where the stream's features are not known
     if needs is not None and columns is not None and args.sb_index_column not in columns:
         raise CannotSelect(missing_ids_message(args.sb_index_column, columns, needs, "the training stream's columns"))
+    if needs is not None and columns is None and is_default(args):
+        # A chosen strategy finds out at the first batch, with a clear error; the default may not stop a run there
+        # that Trainer would train, and the first batch is too late to step aside.
+        raise CannotSelect(
+            f"the training stream ({type(dataset).__name__}) does not say its columns before it is read, so whether "
+            f"its rows carry the id column {args.sb_index_column!r}, which --sb_strategy {args.sb_strategy} keys "
+            "examples by, cannot be checked before training; name the strategy with --sb_strategy to select on it"
+        )
     split = getattr(dataset, "_distributed", None)  # datasets.distributed.split_dataset_by_node's
     if split is not None and (split.rank, split.world_size) != (args.process_index, args.world_size):
         raise ValueError(

@@ -22,8 +22,8 @@ from .cards import write_trainer_card
 from .config import SelectiveBackpropConfig, check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
 from .engine import SelectionEngine, budget, console, reference, rotation, run_signature, state_files, streams
 from .engine.accounting import STATS_FILE, finish_plain_run, finish_run, logged_counters, run_summary
+from .engine.batch_rows import WEIGHT_KEY
 from .engine.data_state import DataState, follow_plain_loader, load_plain, read_plain, save_plain
-from .engine.engine import WEIGHT_KEY
 from .engine.epoch_plan import planned_sampler
 from .engine.indexing import keeping_ids
 from .engine.padding import queue_padding

@@ -17,7 +17,7 @@ __all__ = ["WEIGHT_KEY", "EpochPlan", "PlannedSampler", "SelectionEngine"]
 
 # Loaded on first use: the pure parts (store, queue) should not pay for importing Accelerate.
 _LAZY = {
-    "WEIGHT_KEY": ".engine",
+    "WEIGHT_KEY": ".batch_rows",
     "SelectionEngine": ".engine",
     "EpochPlan": ".epoch_plan",
     "PlannedSampler": ".epoch_plan",

@@ -65,8 +65,8 @@ def test_observed_losses_of_every_rank_are_stored_alike_and_each_rank_gets_its_o
 
     _, results, errors = run_ranks(on_each_rank)
     assert errors == [None, None], errors
-    assert torch.allclose(results[0][0], torch.tensor([0.0, 0.1])) and torch.allclose(results[1][0],
-                                                                                      torch.tensor([0.2, 0.3]))
+    assert torch.allclose(results[0][0], torch.tensor([0.0, 0.1]))
+    assert torch.allclose(results[1][0], torch.tensor([0.2, 0.3]))
     for stored, epochs in (result[1] for result in results):
         assert torch.allclose(stored, torch.arange(4) / 10) and epochs.tolist() == [3] * 4
 
@@ -105,7 +105,7 @@ def test_the_state_holds_the_store_labels_and_irreducible_losses(tmp_path):
     restored = parts(config).losses
     restored.load_state_dict(state)
     stored, epochs = restored.store.lookup(torch.tensor([0, 1, 2]))
-    assert torch.allclose(stored, torch.tensor([0.5, float("nan"), 1.5]), equal_nan=True) and epochs.tolist() == [
-        1, -1, 1]
+    assert torch.allclose(stored, torch.tensor([0.5, float("nan"), 1.5]), equal_nan=True)
+    assert epochs.tolist() == [1, -1, 1]
     assert restored.labels.lookup(torch.tensor([0, 1, 2])).tolist() == [3, -1, 1]
     assert torch.allclose(restored.irreducible.losses, torch.tensor([0.1, 0.2, 0.3]))

@@ -16,8 +16,9 @@ NONFINITE_CAUSE = (
 
 class NonfiniteGuard:
     """Counts the non-finite losses of selection forwards (per epoch) and of training forwards (per optimizer
-    step), and stops every rank together when a step or an epoch cannot make progress. Nothing of it is saved:
-    a checkpoint is written between steps, when both counts have just been checked."""
+    step), and stops every rank together when a step or an epoch cannot make progress. Nothing of it is saved: the
+    training count is checked before every optimizer step, so none is pending at a checkpoint, and a resumed epoch
+    counts its scored losses afresh."""
 
     def __init__(self, accelerator: Accelerator, stats: SelectionStats):
         self.accelerator, self.stats = accelerator, stats

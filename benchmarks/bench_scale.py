@@ -4,7 +4,7 @@
 
 Every rank holds the same Stale-SB loss store and, in a planned epoch, the same plan; the main process
 makes the plan and broadcasts it. For each N this builds them as the engine does (`LossStore`, `stale_plan`
-with the `sb` rule, `SelectionEngine._by_id`'s per-id tensors) and prints their bytes, the time the main
+with the `sb` rule, `epoch_planner.by_id`'s per-id tensors) and prints their bytes, the time the main
 process takes to make a stale epoch's plan, and the pickled size of the broadcast (`broadcast_object_list`
 pickles it). The per-selection-batch gathers (`engine.distributed.gather_pairs`: ids and losses as two
 float64 per row, padded to the rank with most rows, plus one int64 count per rank) do not depend on N; their

@@ -15,8 +15,8 @@ from transformers.trainer_utils import has_length
 
 from . import _compat
 from .engine import distributed
+from .engine.batch_rows import check_rows
 from .engine.data_state import stateful_sources
-from .engine.engine import check_rows
 from .losses import ExampleLoss, NoPerExampleLoss, PerExampleLoss, logits_of, recognized_head
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ import contextlib
 
 import torch
 
-from .engine.engine import WEIGHT_KEY
+from .engine.batch_rows import WEIGHT_KEY
 
 
 class StepExtras:

@@ -19,8 +19,8 @@ from .cards import write_trainer_card
 from .config import SelectiveBackpropConfig, check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
 from .engine import SelectionEngine, budget, console, reference, rotation, run_signature, state_files
 from .engine.accounting import STATS_FILE, finish_plain_run, finish_run, logged_counters, run_summary
+from .engine.batch_rows import WEIGHT_KEY
 from .engine.data_state import DataState, follow_plain_loader, read_plain
-from .engine.engine import WEIGHT_KEY
 from .engine.epoch_plan import planned_sampler
 from .engine.padding import queue_padding
 from .engine.scoring import SelectionScorer, selection_model

@@ -329,7 +329,7 @@ def _measured_run(output_dir, resume=None, **settings):
 
 
 def test_a_run_given_no_phi_measures_it_and_spends_its_budget_at_it(tmp_path, caplog):
-    with caplog.at_level(logging.INFO, logger="hf_selective_backprop.engine.engine"):
+    with caplog.at_level(logging.INFO, logger="hf_selective_backprop.engine.budget_meter"):
         trainer, rates = _measured_run(tmp_path)
     stats = trainer.sb_stats
     assert stats["cost_phi_source"] == "measured" and 0 < stats["cost_phi"] < math.inf

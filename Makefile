@@ -62,7 +62,7 @@ DEMO_FLAGS := --workflow text --dataset $(DEMO_DATA) --model_name_or_path senten
 	--max_train_samples 1000 --max_length 64 --num_train_epochs 3 --learning_rate 1e-4 \
 	--strategies none,infobatch,uniform:0.78 --threads 2
 demo: $(STAMP)
-	@echo "make demo: three fine-tuning runs of all-MiniLM-L6-v2 on 1,000 SST-2 sentences, a few minutes on 2 CPU cores"
+	@echo "make demo: three fine-tuning runs of all-MiniLM-L6-v2 on 1,000 SST-2 sentences: a few minutes on an idle 2-core CPU, longer on a busy one"
 	@$(PY) scripts/compare.py $(DEMO_FLAGS) --overwrite_output_dir
 
 # Float rounding differs between CPUs: torch picks AVX-512, AVX2 or plain kernels by what the CPU offers. The tests

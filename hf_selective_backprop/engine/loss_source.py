@@ -44,6 +44,8 @@ class LossSource:
         self.stream = True  # no sampler: ids size the store as they arrive, and are checked for it
         #: The run's example record (`record.keeper.RecordKeeper`), fed every selection forward's losses.
         self.record = None
+        #: The stall guard's count of right answers (`stall_guard.AnswerTally`), fed every selection forward's margins.
+        self.answers = None
         #: What the latest selection forward raised on this rank, until a gather carries it to every rank.
         self._failure: ValueError | None = None
 
@@ -125,7 +127,7 @@ class LossSource:
             with self.stats.timer("selection_forward_seconds"):
                 try:
                     inputs = {k: v for k, v in batch.items() if k != self.index_column}
-                    if self.record is not None:
+                    if self.record is not None or self.answers is not None:
                         losses, margins = self.scorer(model, inputs, with_margins=True)
                     else:
                         losses = self.scorer(model, inputs)
@@ -139,6 +141,8 @@ class LossSource:
                     self.scorer(model, {k: v[:1] for k, v in loaded.items() if k != self.index_column})
                 self.stats.lockstep_forwards += 1
         self.stats.selection_forwards += size
+        if self.answers is not None and margins is not None:
+            self.answers.add(margins, batch[self.scorer.label_name])
         if self.record is not None and size > 0:
             self.record.scored(ids, losses, margins, self.planner.epoch)
         if self.records_training_losses:

@@ -14,7 +14,7 @@ from functools import partial
 import torch
 from transformers import Trainer
 
-from . import _compat, checkpoint_hooks, loss_check, selection_setup, step_losses
+from . import _compat, checkpoint_hooks, deepspeed_notice, loss_check, selection_setup, step_losses
 from .cards import write_trainer_card
 from .config import SelectiveBackpropConfig, check_trainer_arguments, refuse_unsupported_trainer, selective_arguments
 from .engine import SelectionEngine, budget, console, reference, rotation, run_signature, state_files
@@ -75,7 +75,8 @@ class SelectiveBackpropMixin:
         budget.refuse_unsized(given, train_dataset)
         selector = selection_setup.selector_before_data(self, given, train_dataset, per_example_loss_func)
         subset_record = record_setup.subset_record(given)  # read before the data is prepared
-        super().__init__(*args, **kwargs)
+        with deepspeed_notice.quiet_unless_deepspeed(given):  # accelerate imports an installed DeepSpeed here
+            super().__init__(*args, **kwargs)
         self.selector = selector
         with selection_setup.stepping_aside(self):
             check_trainer_arguments(self, per_example_loss_func)

@@ -109,8 +109,8 @@ def start_loop(trainer, batch_size, trial, resume_from_checkpoint) -> None:
     """A training loop's start (each train() call, each auto_find_batch_size restart, each search trial): its own
     record and, where selection runs, an engine for its batch size and settings, and the irreducible losses."""
     if trainer._records:
-        trainer.record_keeper = RecordKeeper(trainer.accelerator, trainer.args.sb_index_column, trainer.train_dataset)
-        trainer.record_keeper.classes = label_count(trainer.accelerator.unwrap_model(trainer.model))
+        trainer.record_keeper = RecordKeeper(trainer.accelerator, trainer.args.sb_index_column, trainer.train_dataset,
+                                             classes=label_count(trainer.accelerator.unwrap_model(trainer.model)))
     if trainer.selector is None:
         return
     _compat.adopt_loop_batch_size(trainer, batch_size)  # auto_find_batch_size: a restart's or a resumed run's

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -458,6 +459,46 @@ def test_a_failed_save_without_an_os_error_names_the_file_and_the_free_space(tmp
                                       r"free on its disk"):
         checkpoints.atomic_save({"a": 1}, str(target))
     assert not list(tmp_path.iterdir())  # no partial file left behind
+
+
+def test_a_checkpoint_file_replaces_a_link_in_its_place_and_at_the_old_temporary_name(tmp_path):
+    """The selection state is written as the record is (`written_in_place_of`): a link at the file or at the
+    fixed temporary name it once used (``sb_state.pt.partial``) is never followed; the file gets the permissions
+    open() gives, not only its owner's."""
+    from hf_selective_backprop.engine import checkpoints
+
+    users_file = tmp_path / "users_file"
+    users_file.write_text("mine")
+    folder = tmp_path / "checkpoint-1"
+    folder.mkdir()
+    (folder / "sb_state.pt").symlink_to(users_file)
+    (folder / "sb_state.pt.partial").symlink_to(users_file)
+    checkpoints.atomic_save({"a": 1}, str(folder / "sb_state.pt"))
+    assert users_file.read_text() == "mine"
+    assert not (folder / "sb_state.pt").is_symlink() and torch.load(folder / "sb_state.pt") == {"a": 1}
+    plain = folder / "plain"
+    plain.write_text("")
+    assert (folder / "sb_state.pt").stat().st_mode & 0o777 == plain.stat().st_mode & 0o777
+    assert sorted(os.listdir(folder)) == ["plain", "sb_state.pt", "sb_state.pt.partial"]
+
+
+def test_a_torn_temporary_leaves_a_checkpoint_folder_the_runs_own(tmp_path):
+    """A save killed mid-write leaves ``.sb_state.pt.<random>.partial``: the folder still holds only checkpoint
+    files for the rotation, and nothing else passes for such a temporary."""
+    from hf_selective_backprop.engine.checkpoints import partial_target
+    from hf_selective_backprop.engine.rotation import _holds_only_checkpoint_files
+
+    assert partial_target(".sb_state.pt.1a2b3c4d.partial") == "sb_state.pt"
+    assert partial_target("sb_state.pt.partial") is None and partial_target(".partial") is None
+    own, torn = tmp_path / "checkpoint-2", tmp_path / "checkpoint-4"
+    for folder in (own, torn):
+        folder.mkdir()
+        (folder / "trainer_state.json").write_text("{}")
+    (own / "sb_state.pt").write_text("")
+    (torn / ".sb_state.pt.1a2b3c4d.partial").write_text("half")
+    assert _holds_only_checkpoint_files(str(torn), str(own))
+    (torn / "notes.txt").write_text("a user's")
+    assert not _holds_only_checkpoint_files(str(torn), str(own))
 
 
 def test_sb_keep_given_to_infobatch_is_warned_of_as_not_applying(output_dir):

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import struct
 import zipfile
@@ -24,17 +25,52 @@ RANK_STATE_FILE = "sb_rank_state_{rank}.pt"
 _RANK_STATE = re.compile(r"sb_rank_state_\d+\.pt")
 
 
-def atomic_save(obj, path: str) -> None:
-    """torch.save through a temporary file, so ``path`` is never a truncated file."""
-    partial_path = f"{path}.partial"
+@contextlib.contextmanager
+def written_in_place_of(path: str):
+    """A new temporary file beside ``path`` to write, then moved over it (os.replace): a link at ``path`` is replaced,
+    never followed (it may point at a user's file outside the folder), and a failed write leaves ``path`` as it
+    was. The temporary (``.{name}.{random}.partial``) is created afresh, so no link can wait there either."""
+    partial_path = _fresh_temporary(path)
     try:
-        # Through a Python file object: torch's writer reports a failed write (a full disk) as "unexpected pos ...",
-        # naming neither the file nor the cause, and only the write's own OSError, left as its context, says why.
-        with open(partial_path, "wb") as handle:
-            torch.save(obj, handle)
-    except (OSError, RuntimeError) as error:
+        yield partial_path
+        os.replace(partial_path, path)
+    except BaseException:
         with contextlib.suppress(OSError):
             os.remove(partial_path)
+        raise
+
+
+def _fresh_temporary(path: str) -> str:
+    folder, name = os.path.split(os.path.abspath(path))
+    for _ in range(100):
+        candidate = os.path.join(folder, f".{name}.{secrets.token_hex(4)}.partial")
+        try:
+            # O_EXCL: never an existing file or link; mode 0o666 under the umask, as open() gives (mkstemp's 0o600
+            # would leave a checkpoint or record only its owner can read).
+            os.close(os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no fresh temporary name for {path} in {folder}")
+
+
+def partial_target(name: str) -> str | None:
+    """The file a temporary of `written_in_place_of` named ``name`` stands in for; None for any other name."""
+    if not (name.startswith(".") and name.endswith(".partial")):
+        return None
+    target, _, _ = name[1 : -len(".partial")].rpartition(".")  # the random part holds no dot
+    return target or None
+
+
+def atomic_save(obj, path: str) -> None:
+    """torch.save through `written_in_place_of`, so ``path`` is never a truncated file nor a followed link."""
+    try:
+        with written_in_place_of(path) as partial_path, open(partial_path, "wb") as handle:
+            # Through a Python file object: torch's writer reports a failed write (a full disk) as "unexpected pos
+            # ...", naming neither the file nor the cause, and only the write's own OSError, left as its context,
+            # says why.
+            torch.save(obj, handle)
+    except (OSError, RuntimeError) as error:
         cause = _os_error(error)
         why = os.strerror(cause.errno).lower() if cause is not None else f"{type(error).__name__}: {error}"
         free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
@@ -42,7 +78,6 @@ def atomic_save(obj, path: str) -> None:
             f"saving {path} failed ({why}); {free / 2**20:.1f} MiB are free on its disk: free space (or lower "
             "save_total_limit) and resume from the last complete checkpoint"
         ) from error
-    os.replace(partial_path, path)
 
 
 def _os_error(error: BaseException) -> OSError | None:

@@ -20,6 +20,7 @@ from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .. import _compat
+from .checkpoints import partial_target
 
 
 class RunCheckpoints(TrainerCallback, ExportableState):
@@ -80,8 +81,8 @@ WEIGHT_FILE = re.compile(r"(model|pytorch_model|adapter_model)(-\d+-of-\d+)?\.(s
 
 def _holds_only_checkpoint_files(path: str, own_checkpoint: str) -> bool:
     names = set(os.listdir(own_checkpoint))
-    allowed = names | {f"{name}.partial" for name in names}  # atomic_save's temporaries
-    return all(name in allowed or WEIGHT_FILE.fullmatch(name) for name in os.listdir(path))
+    return all(name in names or partial_target(name) in names or WEIGHT_FILE.fullmatch(name)
+               for name in os.listdir(path))
 
 
 def rotate(record: RunCheckpoints, run_dir: str, limit: int | None, protected: list[str | None]) -> None:

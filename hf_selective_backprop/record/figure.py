@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy  # noqa: E402
 from PIL import Image  # noqa: E402  (a dependency of matplotlib)
 
-from .files import written_in_place_of  # noqa: E402
+from ..engine.checkpoints import written_in_place_of  # noqa: E402
 from .scores import AMBIGUOUS, EASY, HARD  # noqa: E402
 
 #: How far from chance (1/K of the scorings right) towards all of them a model's mean correctness must get before

@@ -7,12 +7,12 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 
 import datasets
 import pyarrow
 import pyarrow.parquet
 
+from ..engine.checkpoints import written_in_place_of
 from .checks import check_columns, check_has_rows, check_unique_ids, require_type
 from .scores import ADDED_LATER, RECORD_COLUMNS, record_columns
 from .table import ExampleRecord
@@ -38,23 +38,6 @@ def record_dataset(record: ExampleRecord, id_column: str = "id") -> datasets.Dat
                record_columns(record).items()}
     columns[id_column] = columns.pop("id")
     return datasets.Dataset.from_dict({id_column: columns.pop(id_column), **columns})
-
-
-@contextlib.contextmanager
-def written_in_place_of(path: str):
-    """A new temporary file beside ``path`` to write, then moved over it (os.replace): a link at ``path`` is replaced,
-    never followed (it may point at a user's file outside the folder), and a failed write leaves ``path`` as it
-    was. The temporary name is fresh (mkstemp), so no link can wait there either."""
-    folder = os.path.dirname(os.path.abspath(path))
-    descriptor, partial_path = tempfile.mkstemp(dir=folder, prefix=f".{os.path.basename(path)}.", suffix=".partial")
-    os.close(descriptor)
-    try:
-        yield partial_path
-        os.replace(partial_path, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(partial_path)
-        raise
 
 
 def write_record(record: ExampleRecord, path: str, id_column: str, data: dict | None = None,

@@ -31,7 +31,7 @@ RECORD_STATE_FILE = "sb_record.pt"
 class RecordKeeper:
     """The record of one training run, its events not yet applied, and the epoch a run without selection is in."""
 
-    def __init__(self, accelerator, id_column: str, dataset=None):
+    def __init__(self, accelerator, id_column: str, dataset=None, classes: int | None = None):
         self.accelerator, self.id_column, self.dataset = accelerator, id_column, dataset
         self.record = ExampleRecord()
         self.feed = RecordFeed(accelerator)
@@ -42,7 +42,7 @@ class RecordKeeper:
         #: Why this run's record stopped (None while it records): a by-product never stops the training.
         self.stopped: str | None = None
         #: A classifier's class count (None for other models): what chance is, for the data map.
-        self.classes: int | None = None
+        self.classes = classes
 
     def stop(self, reason: str) -> None:
         """Record nothing more in this run, and write nothing: said once."""

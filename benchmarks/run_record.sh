@@ -23,6 +23,8 @@
 #             into without-candidates-label_issues/) beside a random subset of the same size; NOISY_LONGER=E also
 #             trains Traditional on the noisy labels for E epochs (full-epochsE/): the control that spends on one
 #             run what the record's run and the retraining without its candidates spend together
+#   flagged   for each noisy run that has cleanlab's figures: the sets record.label_issues flags, each ranking's
+#             (benchmarks/label_issues.py --reuse_cleanlab: no training), into $N/flagged/label_issues.json
 #   report    benchmarks/record_report.py: $R/report.md
 # Every run is a process of its own, skipped when its trainer_state.json exists: killing this and starting it again
 # goes on where it stopped (the run in progress starts over). The savings are counted in examples trained (the cost
@@ -134,6 +136,20 @@ for PART in ${PARTS:-pretrain scores prune noisy report}; do
                 done
                 train "$R/seed$SEED/random-keep$KEEP" --model_name_or_path "$PRETRAINED" --num_train_epochs "$EPOCHS" \
                     --seed "$SEED" --sb_subset_from "$R/seed$SEED/full" --sb_subset_keep "$KEEP" --sb_subset_by random
+            done
+        done
+        ;;
+    flagged)
+        ROWS_OF=image
+        [[ $WORKLOAD == sst2 || $WORKLOAD == pretrained-text ]] && ROWS_OF=text
+        for P in $NOISE; do
+            for SEED in $NOISY_SEEDS; do
+                N=$R/noise$P/seed$SEED
+                [[ -f $N/cleanlab/label_issues.json && ! -f $N/flagged/label_issues.json ]] || continue
+                $PY benchmarks/label_issues.py --workload $ROWS_OF "${DATA_FLAGS[@]}" "${RUN_FLAGS[@]}" \
+                    --model_name_or_path "$PRETRAINED" --num_train_epochs "$EPOCHS" --seed "$SEED" --label_noise "$P" \
+                    --label_noise_seed "$SEED" --record "$N/full" --reuse_cleanlab "$N/cleanlab/label_issues.json" \
+                    --output_dir "$N/flagged"
             done
         done
         ;;

@@ -422,3 +422,87 @@ def test_a_full_disk_while_the_record_is_written_leaves_train_to_finish(tmp_path
     assert trainer.state.global_step > 0 and trainer.sb_stats["backwards"] > 0
     assert "could not be written to" in caplog.text and record.RECORD_FILE in caplog.text
     assert not (tmp_path / "run" / record.RECORD_FILE).exists()
+
+
+def test_the_label_issue_count_is_confident_learnings_calibrated_count_per_class():
+    """Two classes, where the count is confident learning's own: class 0's threshold is its mean confidence 0.58, so
+    its four rows at 0.9 are confidently 0; its two at 0.1 reach class 1's threshold 0.74 (1 - 0.1 >= 0.74) and are
+    confidently 1; its four at 0.5 reach neither. Calibrated to the class's ten rows: 10 x 2 / 6 = 3.3, so 3."""
+    import numpy
+
+    from hf_selective_backprop.record.confident_joint import estimated_label_issues
+
+    class_0 = [0.9] * 4 + [0.5] * 4 + [0.1] * 2
+    class_1 = [0.8] * 9 + [0.2]
+    confidence = numpy.array(class_0 + class_1 + [float("nan"), 0.05])
+    labels = numpy.array([0] * 10 + [1] * 10 + [1, -1])  # never scored; unlabelled: no part in it
+    assert estimated_label_issues(confidence, labels) == {0: 3, 1: 1}
+    assert estimated_label_issues(numpy.array([0.9, 0.1]), numpy.array([2, 2])) == {2: 0}  # one class: none
+
+
+def _labelled_record(labels):
+    table = _disagreeing_record()
+    return table.add_column("label", labels)
+
+
+def test_label_issues_returns_the_estimated_count_of_each_class_chosen_by_the_ranking():
+    """With the record's labels the flagged set is the estimated count of each class, its likeliest rows by ``by``:
+    the ranking changes the rows, not only their order."""
+    import numpy
+
+    from hf_selective_backprop.record.confident_joint import estimated_label_issues
+
+    table = _labelled_record([0, 0, 0, 0, 0])
+    quota = estimated_label_issues(numpy.asarray(table["confidence"], dtype=float), numpy.zeros(5, dtype=int))
+    assert quota == {0: 0}  # one class: nothing is confidently another
+    table = _labelled_record([0, 1, 0, 1, 1])  # class 0: rows 0, 2 (0.70, 0.40); class 1: rows 1, 3 (0.30, 0.85)
+    # t0 = 0.55, t1 = 0.575: row 2 (1 - 0.40 >= 0.575) and row 1 (1 - 0.30 >= 0.55) are confidently the other class.
+    for by, flagged in [("last_loss", [0, 3]), ("mean_loss", [1, 2]), ("confidence", [1, 2])]:
+        issues = record.label_issues(table, by=by)
+        assert issues["index"] == flagged, by
+        assert issues["label_issue_rank"] == [0, 1]
+    assert record.label_issues(table, top=3, by="last_loss")["index"] == [0, 2, 3]  # top=K: the ranking's first K
+
+
+def test_a_classifiers_record_keeps_each_examples_label_and_a_language_models_none(tmp_path):
+    from datasets import Dataset
+    from text_tiny import causal_lm, sequence_classifier
+
+    labels = [int(i % 3 == 0) for i in range(32)]
+    rows = Dataset.from_dict({"input_ids": [[1 + i % 7, 2, 3] for i in range(32)], "attention_mask": [[1, 1, 1]] * 32,
+                              "labels": labels, "index": list(range(100, 132))})
+    trainer = SelectiveBackpropTrainer(model=sequence_classifier(), train_dataset=rows,
+                                       args=make_config(str(tmp_path / "classifier"), sb_strategy="none"))
+    trainer.train()
+    table = record.load_record(str(tmp_path / "classifier"))
+    assert dict(zip(table["index"], table["label"], strict=True)) == dict(zip(range(100, 132), labels, strict=True))
+    tokens = Dataset.from_dict({"input_ids": [[1, 2, 3, 4]] * 16, "attention_mask": [[1] * 4] * 16,
+                                "labels": [[1, 2, 3, 4]] * 16})
+    SelectiveBackpropTrainer(model=causal_lm(), train_dataset=tokens,
+                             args=make_config(str(tmp_path / "lm"), sb_strategy="none")).train()
+    assert "label" not in record.load_record(str(tmp_path / "lm")).column_names
+
+
+def test_with_more_than_two_classes_the_likeliest_other_class_comes_from_the_margin():
+    """Three classes; classes 1 and 2 have thresholds 0.575. Example 0 (label 0) has p(gold) 0.4, leaving 0.6 to the
+    others. With an area under the margin of log 4 its likeliest other class holds 0.1 (0.4 / 4), under the
+    thresholds: it is not confidently another class, where the rest of its probability (0.6) would have counted it.
+    With a margin of -log 2 the likeliest other holds 0.6 (0.8, capped at 1 - p(gold)) and it counts. Classes 1 and
+    2's examples at 0.25 lean to no other class (margin 3): confidently none, where 1 - 0.25 would count them."""
+    import math
+
+    import numpy
+    from datasets import Dataset
+
+    from hf_selective_backprop.record.confident_joint import estimated_label_issues
+
+    others = [0.9, 0.9, 0.25, 0.25]
+    rows = {"index": list(range(13)), "label": [0] * 5 + [1] * 4 + [2] * 4,
+            "confidence": [0.4] + [0.9] * 4 + others + others,
+            "variability": [0.0] * 13, "last_loss": [1.0] + [0.1] * 12}
+    spread = Dataset.from_dict({**rows, "aum": [math.log(4)] + [3.0] * 12})
+    assert len(record.label_issues(spread)) == 0
+    leaning = Dataset.from_dict({**rows, "aum": [-math.log(2)] + [3.0] * 12})
+    assert record.label_issues(leaning)["index"] == [0]
+    without_margins = estimated_label_issues(numpy.array(rows["confidence"]), numpy.array(rows["label"]))
+    assert without_margins == {0: 1, 1: 2, 2: 2}

@@ -8,7 +8,7 @@ model. This module reads it back and answers the three questions it is for::
 
     table = record.load_record("outputs/run")            # or a Hub repository id
     record.data_map(table, "data_map.png")                # confidence against variability, regions named
-    suspects = record.label_issues(table)                 # the rows the last loss flags, likeliest first
+    suspects = record.label_issues(table)                 # the labels that look wrong, likeliest first
     subset = record.prune(train_dataset, table, keep=0.7, by="mean_loss")  # the next run's training set
 """
 
@@ -20,8 +20,10 @@ import datasets
 import numpy
 
 from .checks import check_choice, check_columns, check_top, require_type
+from .confident_joint import estimated_label_issues, first_of_each_class
 from .files import DATA_MAP_FILE, RECORD_FILE, as_record, load_record, record_dataset, record_metadata
 from .fingerprint import check_same_data
+from .labels import LABEL_COLUMN
 from .pruning import check_prune_settings, dataset_labels, kept_ids
 from .scores import (
     AMBIGUOUS,
@@ -59,19 +61,43 @@ def data_map(table: datasets.Dataset | str, path: str | os.PathLike, title: str 
 
 
 def label_issues(table: datasets.Dataset | str, top: int | None = None, by: str = "last_loss") -> datasets.Dataset:
-    """The rows ``by`` flags as likely label issues, likeliest first, their rank in ``label_issue_rank`` (0, 1,
-    ...): those whose ``by`` says the model did not learn them (`scores.label_issue_flags`: p(gold) under 1/2 at
-    the last scoring, by the mean loss or by the mean confidence; a negative aum). ``top=K``: the first K rows of
-    the same ranking, which go on past the flagged ones when K is larger (unscored rows last). ``by``: one of
-    `LABEL_ISSUE_RANKINGS`; the last loss ranked flipped labels above the mean confidence in every measured run
-    (docs/benchmarks/benchmarks.md). ``table``: the record, or where `load_record` reads it."""
+    """The rows flagged as likely label issues, likeliest first by ``by``, their rank in ``label_issue_rank``
+    (0, 1, ...).
+
+    Which rows: in a record that holds each example's class label (its ``label`` column; the trainer writes it for
+    a classifier whose labels it can read), as many of each class as confident learning's count estimates from the
+    record (`confident_joint.estimated_label_issues`), the likeliest of that class by ``by``; in one without, the
+    rows whose ``by`` says the model did not learn them (`scores.label_issue_flags`: p(gold) under 1/2 at the last
+    scoring, by the mean loss or by the mean confidence; a negative aum). Either way ``by`` picks the rows, not
+    only their order. ``top=K``: the first K rows of ``by``'s ranking instead (unscored rows last). ``by``: one of
+    `LABEL_ISSUE_RANKINGS` (docs/record.md compares them). ``table``: the record, or where `load_record` reads
+    it."""
     table = as_record(table)
     check_top(top)
     check_choice(by, LABEL_ISSUE_RANKINGS, "by")
     columns = _ranking_columns(table, by)
     order = label_issue_order(columns, by).numpy()
-    chosen = order[: top if top is not None else int(label_issue_flags(columns, by).sum())]
+    if top is not None:
+        chosen = order[:top]
+    elif LABEL_COLUMN in table.column_names and "confidence" in table.column_names:
+        labels = numpy.asarray(table[LABEL_COLUMN], dtype=numpy.int64)
+        confidence = numpy.asarray(table["confidence"], dtype=float)
+        quota = estimated_label_issues(confidence, labels, _likeliest_other(table, confidence, labels))
+        scored = ~numpy.isnan(numpy.asarray(table[by], dtype=float))
+        chosen = first_of_each_class(order, labels, quota, scored)
+    else:
+        chosen = order[: int(label_issue_flags(columns, by).sum())]
     return table.select(chosen).add_column("label_issue_rank", list(range(len(chosen))))
+
+
+def _likeliest_other(table: datasets.Dataset, confidence: numpy.ndarray, labels: numpy.ndarray) -> numpy.ndarray | None:
+    """Each example's p of its likeliest other class, for more than two classes: p(gold) x exp(-margin) from its
+    mean confidence and area under the margin (the margin is the log-ratio of the two at each scoring), at most
+    1 - p(gold); None (1 - p(gold), exact) for two classes or a record without margins."""
+    if len(numpy.unique(labels[labels >= 0])) <= 2 or "aum" not in table.column_names:
+        return None
+    aum = numpy.asarray(table["aum"], dtype=float)
+    return numpy.where(numpy.isnan(aum), 1 - confidence, numpy.minimum(confidence * numpy.exp(-aum), 1 - confidence))
 
 
 def _ranking_columns(table: datasets.Dataset, by: str) -> dict:

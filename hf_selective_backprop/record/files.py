@@ -9,11 +9,13 @@ import logging
 import os
 
 import datasets
+import numpy
 import pyarrow
 import pyarrow.parquet
 
 from ..engine.checkpoints import written_in_place_of
 from .checks import check_columns, check_has_rows, check_unique_ids, require_type
+from .labels import LABEL_COLUMN, labels_of
 from .scores import ADDED_LATER, RECORD_COLUMNS, record_columns
 from .table import ExampleRecord
 
@@ -41,12 +43,16 @@ def record_dataset(record: ExampleRecord, id_column: str = "id") -> datasets.Dat
 
 
 def write_record(record: ExampleRecord, path: str, id_column: str, data: dict | None = None,
-                 complete: bool = True, classes: int | None = None) -> datasets.Dataset:
+                 complete: bool = True, classes: int | None = None,
+                 labels: tuple[numpy.ndarray, numpy.ndarray] | None = None) -> datasets.Dataset:
     """Write the record's table to ``path`` (parquet), with ``data`` (the fingerprint of the data it was written
     on, or None), ``complete`` (False: it covers only the training after a resume that found no record to
     continue) and ``classes`` (a classifier's class count, or None) in its metadata, and its data map beside it,
-    when matplotlib is installed."""
+    when matplotlib is installed. ``labels``: (ids, class labels) of the training examples (`labels.class_labels`),
+    kept in the table's ``label`` column; None for none."""
     table = record_dataset(record, id_column)
+    if labels is not None:
+        table = table.add_column(LABEL_COLUMN, labels_of(numpy.asarray(table[id_column]), labels).tolist())
     metadata = {"id_column": id_column, "data": data, "complete": complete, "classes": classes}
     _attach(table, metadata)
     arrow = table.data.table

@@ -37,8 +37,8 @@ def data_fingerprint(dataset, id_column: str) -> dict | None:
         return None
     positions = numpy.unique(numpy.linspace(0, len(dataset) - 1, min(len(dataset), EXAMPLES_SAMPLED)).round())
     positions = positions.astype(numpy.int64).tolist()
-    ids = _ids_at(dataset, id_column, positions)
-    labelled = _labels_at(dataset, positions, LABEL_COLUMNS)
+    ids = ids_at(dataset, id_column, positions)
+    labelled = labels_at(dataset, positions, LABEL_COLUMNS)
     if ids is None or labelled is None:
         return None
     column, labels = labelled
@@ -56,7 +56,7 @@ def check_same_data(saved: dict | None, dataset, ids: numpy.ndarray, where: str)
         return
     sampled = {int(i): digest for i, digest in saved["labels"].items()}
     positions = numpy.flatnonzero(numpy.isin(ids, numpy.fromiter(sampled, dtype=numpy.int64)))
-    labelled = _labels_at(dataset, positions.tolist(), (saved["column"],)) if positions.size else None
+    labelled = labels_at(dataset, positions.tolist(), (saved["column"],)) if positions.size else None
     if labelled is None:
         reason = ("shares none of the examples it samples" if not positions.size
                   else f"has no {saved['column']!r} column that can be read without loading its rows")
@@ -80,20 +80,21 @@ def _digest(value) -> str:
     return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
 
 
-def _ids_at(dataset, id_column: str, positions: list[int]) -> list[int] | None:
+def ids_at(dataset, id_column: str, positions: list[int]) -> list[int] | None:
+    """The ids of ``dataset``'s rows at ``positions``, where they can be read without loading rows; else None."""
     if isinstance(dataset, HFDataset):
         if id_column not in dataset.column_names:
             return None
         return dataset.with_format("arrow")[positions].column(id_column).to_pylist()
     if isinstance(dataset, Subset):
-        return _ids_at(dataset.dataset, id_column, [int(dataset.indices[p]) for p in positions])
+        return ids_at(dataset.dataset, id_column, [int(dataset.indices[p]) for p in positions])
     if isinstance(dataset, IndexedDataset):
         return positions
     own = dataset.example_ids() if hasattr(dataset, "example_ids") else None
     return own[positions].tolist() if own is not None else None
 
 
-def _labels_at(dataset, positions: list[int], columns) -> tuple[str, list] | None:
+def labels_at(dataset, positions: list[int], columns) -> tuple[str, list] | None:
     """The first of ``columns`` ``dataset`` holds, and its values at ``positions``, as stored (no transform)."""
     if isinstance(dataset, HFDataset):
         column = next((name for name in columns if name in dataset.column_names), None)
@@ -101,9 +102,9 @@ def _labels_at(dataset, positions: list[int], columns) -> tuple[str, list] | Non
             return None
         return column, dataset.with_format("arrow")[positions].column(column).to_pylist()
     if isinstance(dataset, Subset):
-        return _labels_at(dataset.dataset, [int(dataset.indices[p]) for p in positions], columns)
+        return labels_at(dataset.dataset, [int(dataset.indices[p]) for p in positions], columns)
     if isinstance(dataset, IndexedDataset):
-        return _labels_at(dataset.dataset, positions, columns)
+        return labels_at(dataset.dataset, positions, columns)
     labels = getattr(dataset, "labels", None)
     if "labels" in columns and isinstance(labels, torch.Tensor):  # an ImageTensorDataset's rows carry "labels"
         return "labels", labels[positions].tolist()

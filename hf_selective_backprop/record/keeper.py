@@ -20,6 +20,7 @@ from ..engine.indexing import ids_by_position
 from .feed import FLUSH_EVERY_STEPS, RecordFeed
 from .files import RECORD_FILE, write_record
 from .fingerprint import check_same_data, data_fingerprint
+from .labels import class_labels
 from .table import ExampleRecord
 
 logger = logging.getLogger(__name__)
@@ -142,8 +143,9 @@ class RecordKeeper:
             return None
         path = os.path.join(output_dir, RECORD_FILE)
         try:
+            labels = class_labels(self.dataset, self.id_column) if self.classes is not None else None
             write_record(self.record, path, self.id_column, self.fingerprint, complete=self.complete,
-                         classes=self.classes)
+                         classes=self.classes, labels=labels)
         except OSError as error:  # a full disk, a read-only folder: the run and its model outrank the by-product
             logger.error(f"the example record could not be written to {path} ({error}); the training and the "
                          "model are unaffected")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from tiny import TinyClassifier, make_config, make_dataset
 
+import hf_selective_backprop
 from hf_selective_backprop import SelectiveBackpropTrainer, record
 
 
@@ -205,6 +206,7 @@ def test_the_record_holds_a_fingerprint_of_its_data_and_passes_on_that_data_its_
 
     table = record.load_record(recorded)
     saved = record_metadata(table)
+    assert saved["version"] == hf_selective_backprop.__version__  # which release wrote it
     assert saved["id_column"] == "index" and saved["data"]["column"] == "labels"
     assert saved["data"]["examples"] == 256 and len(saved["data"]["labels"]) == 64
     data = make_dataset(with_index=True)

@@ -53,7 +53,9 @@ def write_record(record: ExampleRecord, path: str, id_column: str, data: dict | 
     table = record_dataset(record, id_column)
     if labels is not None:
         table = table.add_column(LABEL_COLUMN, labels_of(numpy.asarray(table[id_column]), labels).tolist())
-    metadata = {"id_column": id_column, "data": data, "complete": complete, "classes": classes}
+    from .. import __version__  # the package's, set before its submodules import
+
+    metadata = {"version": __version__, "id_column": id_column, "data": data, "complete": complete, "classes": classes}
     _attach(table, metadata)
     arrow = table.data.table
     arrow = arrow.replace_schema_metadata({**(arrow.schema.metadata or {}), METADATA_KEY: json.dumps(metadata)})
@@ -110,8 +112,9 @@ def _quiet_progress():
 
 
 def record_metadata(table: datasets.Dataset) -> dict:
-    """The record's own metadata (`METADATA_KEY`): ``id_column`` and ``data``, its data's fingerprint; empty for a
-    table that was not read by `load_record` (or was written by an earlier version)."""
+    """The record's own metadata (`METADATA_KEY`): ``version`` (of hf-selective-backprop, which wrote it),
+    ``id_column``, ``data`` (its data's fingerprint), ``complete`` and ``classes``; empty for a table that was not
+    read by `load_record` (or was written by an earlier version)."""
     try:
         return dict(json.loads(table.info.description)[METADATA_KEY])
     except (ValueError, KeyError, TypeError):

@@ -466,13 +466,19 @@ def test_label_issues_returns_the_estimated_count_of_each_class_chosen_by_the_ra
     assert record.label_issues(table, top=3, by="last_loss")["index"] == [0, 2, 3]  # top=K: the ranking's first K
 
 
+def _labelled_rows():
+    from datasets import Dataset
+
+    return Dataset.from_dict({"input_ids": [[1 + i % 7, 2, 3] for i in range(32)], "attention_mask": [[1, 1, 1]] * 32,
+                              "labels": [int(i % 3 == 0) for i in range(32)], "index": list(range(100, 132))})
+
+
 def test_a_classifiers_record_keeps_each_examples_label_and_a_language_models_none(tmp_path):
     from datasets import Dataset
     from text_tiny import causal_lm, sequence_classifier
 
-    labels = [int(i % 3 == 0) for i in range(32)]
-    rows = Dataset.from_dict({"input_ids": [[1 + i % 7, 2, 3] for i in range(32)], "attention_mask": [[1, 1, 1]] * 32,
-                              "labels": labels, "index": list(range(100, 132))})
+    rows = _labelled_rows()
+    labels = rows["labels"]
     trainer = SelectiveBackpropTrainer(model=sequence_classifier(), train_dataset=rows,
                                        args=make_config(str(tmp_path / "classifier"), sb_strategy="none"))
     trainer.train()
@@ -508,3 +514,22 @@ def test_with_more_than_two_classes_the_likeliest_other_class_comes_from_the_mar
     assert record.label_issues(leaning)["index"] == [0]
     without_margins = estimated_label_issues(numpy.array(rows["confidence"]), numpy.array(rows["label"]))
     assert without_margins == {0: 1, 1: 2, 2: 2}
+
+
+def test_labels_that_cannot_be_read_leave_the_record_written_without_them(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from text_tiny import sequence_classifier
+
+    from hf_selective_backprop.record import keeper
+
+    def unreadable(dataset, id_column):
+        raise RuntimeError("a label column that cannot be read")
+
+    monkeypatch.setattr(keeper, "class_labels", unreadable)
+    args = make_config(str(tmp_path), sb_strategy="none")
+    with caplog.at_level(logging.WARNING):
+        SelectiveBackpropTrainer(model=sequence_classifier(), args=args, train_dataset=_labelled_rows()).train()
+    table = record.load_record(str(tmp_path))
+    assert len(table) == 32 and "label" not in table.column_names
+    assert "written without its examples' class labels" in caplog.text

@@ -132,6 +132,16 @@ class RecordKeeper:
         logger.warning(f"{why}: the example record covers only the training that follows this resume, and its "
                        "file says so (complete: false in its metadata)")
 
+    def _class_labels(self):
+        """A classifier's examples' class labels for the table (`labels.class_labels`), or None."""
+        if self.classes is None:
+            return None
+        try:
+            return class_labels(self.dataset, self.id_column)
+        except Exception as error:  # a by-product of a by-product: the table is written without them
+            logger.warning(f"the example record is written without its examples' class labels ({error!r})")
+            return None
+
     def write(self, output_dir: str, should_save: bool) -> str | None:
         """Flush, then write the record's table (and its data map) into ``output_dir``, with the fingerprint of the
         training data and whether the record covers the whole run; returns the table's path."""
@@ -143,9 +153,8 @@ class RecordKeeper:
             return None
         path = os.path.join(output_dir, RECORD_FILE)
         try:
-            labels = class_labels(self.dataset, self.id_column) if self.classes is not None else None
             write_record(self.record, path, self.id_column, self.fingerprint, complete=self.complete,
-                         classes=self.classes, labels=labels)
+                         classes=self.classes, labels=self._class_labels())
         except OSError as error:  # a full disk, a read-only folder: the run and its model outrank the by-product
             logger.error(f"the example record could not be written to {path} ({error}); the training and the "
                          "model are unaffected")

@@ -1,5 +1,5 @@
 """Each example's class label, kept in the record's table: per-class questions (how many labels look wrong in
-each class, `scores.estimated_label_issues`) need no join back to the dataset."""
+each class, `confident_joint.estimated_label_issues`) need no join back to the dataset."""
 
 from __future__ import annotations
 

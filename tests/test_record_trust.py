@@ -533,3 +533,15 @@ def test_labels_that_cannot_be_read_leave_the_record_written_without_them(tmp_pa
     table = record.load_record(str(tmp_path))
     assert len(table) == 32 and "label" not in table.column_names
     assert "written without its examples' class labels" in caplog.text
+
+
+def test_class_labels_are_read_only_where_each_example_has_one_integer():
+    from datasets import Dataset
+
+    from hf_selective_backprop.record.labels import class_labels
+
+    ids, labels = class_labels(Dataset.from_dict({"index": [5, 6, 7], "labels": [2, 0, 1]}), "index")
+    assert ids.tolist() == [5, 6, 7] and labels.tolist() == [2, 0, 1]
+    for rows in ({"labels": [[1, 0], [0, 1], [1, 1]]}, {"labels": [True, False, True]}, {"labels": [0.5, 1.0, 2.0]},
+                 {"labels": [[1, 2], [3], [4, 5, 6]]}, {"text": ["a", "b", "c"]}):
+        assert class_labels(Dataset.from_dict({"index": [5, 6, 7], **rows}), "index") is None, rows

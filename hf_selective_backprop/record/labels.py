@@ -22,12 +22,18 @@ def class_labels(dataset, id_column: str) -> tuple[numpy.ndarray, numpy.ndarray]
         return None
     positions = list(range(len(dataset)))
     labelled = labels_at(dataset, positions, CLASS_LABEL_COLUMNS)
-    if labelled is None or not all(type(label) is int for label in labelled[1]):
+    if labelled is None:
+        return None
+    try:
+        labels = numpy.asarray(labelled[1])
+    except ValueError:  # ragged: a label per token
+        return None
+    if labels.ndim != 1 or labels.dtype.kind not in "iu":  # one integer per example (not bools, floats or lists)
         return None
     ids = ids_at(dataset, id_column, positions)
     if ids is None:
         return None
-    return numpy.asarray(ids, dtype=numpy.int64), numpy.asarray(labelled[1], dtype=numpy.int64)
+    return numpy.asarray(ids, dtype=numpy.int64), labels.astype(numpy.int64)
 
 
 def labels_of(ids: numpy.ndarray, known: tuple[numpy.ndarray, numpy.ndarray]) -> numpy.ndarray:
